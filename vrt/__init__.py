@@ -1,0 +1,81 @@
+"""trio-vrt: the tool-calling engine of a realtime (voice) AI agent, on Trio.
+
+The public door: everything users need is importable from here; ``vrt.models`` (the model
+protocol's events and history), ``vrt.testing`` (helpers for tests) and ``vrt.check`` are
+the other public modules.
+"""
+
+from vrt import models
+from vrt._agent import Agent, Allow, CallInfo, Reject, Rewrite, define_agent
+from vrt._context import Signal, ToolContext
+from vrt._errors import (
+    CallAborted,
+    DefinitionError,
+    InvalidArguments,
+    InvalidTransition,
+    SessionClosed,
+    VrtError,
+)
+from vrt._events import (
+    Closed,
+    Event,
+    Phase,
+    TextDelta,
+    ToolPreview,
+    ToolStream,
+    TurnEnded,
+    TurnStarted,
+)
+from vrt._results import CallRecord, ResultCode, ToolResult, TurnResult
+from vrt._scripted import ScriptedModel, call, pause, say
+from vrt._session import Session, open_session
+from vrt._tools import AppTool, ServerTool, app_tool, server_tool, validate_arguments
+from vrt._turn import Turn
+from vrt.models import Model, ModelRequest, ToolSpec
+
+__all__ = [
+    "Agent",
+    "Allow",
+    "AppTool",
+    "CallAborted",
+    "CallInfo",
+    "CallRecord",
+    "Closed",
+    "DefinitionError",
+    "Event",
+    "InvalidArguments",
+    "InvalidTransition",
+    "Model",
+    "ModelRequest",
+    "Phase",
+    "Reject",
+    "ResultCode",
+    "Rewrite",
+    "ScriptedModel",
+    "ServerTool",
+    "Session",
+    "SessionClosed",
+    "Signal",
+    "TextDelta",
+    "ToolContext",
+    "ToolPreview",
+    "ToolResult",
+    "ToolSpec",
+    "ToolStream",
+    "Turn",
+    "TurnEnded",
+    "TurnResult",
+    "TurnStarted",
+    "VrtError",
+    "app_tool",
+    "call",
+    "define_agent",
+    "models",
+    "open_session",
+    "pause",
+    "say",
+    "server_tool",
+    "validate_arguments",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,144 @@
+"""The agent: a model, its tools, and the policy around calls (the before_tool_call hook)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from vrt._errors import DefinitionError
+from vrt._results import Kind
+from vrt._tools import (
+    AppTool,
+    Risk,
+    ServerTool,
+    Validator,
+    check_tool,
+    compile_validate,
+    schema_validator,
+)
+from vrt.models import Model, ToolSpec
+
+
+@attrs.frozen(kw_only=True)
+class CallInfo:
+    """What the ``before_tool_call`` hook sees of a call."""
+
+    call_id: str
+    turn_id: str
+    epoch: int
+    name: str
+    kind: Kind
+    risk: Risk | None
+    """The server tool's risk; None for app tools."""
+    arguments: Any
+    """The parsed arguments, or the raw JSON text when they did not parse."""
+
+
+@attrs.frozen
+class Allow:
+    """Let the call run as it is (returning None from the hook means the same)."""
+
+
+@attrs.frozen
+class Reject:
+    """Decline the call: its result is REJECTED with ``reason`` as the message."""
+
+    reason: str = "rejected by before_tool_call"
+
+
+@attrs.frozen
+class Rewrite:
+    """Run the call with these arguments instead (validation still applies)."""
+
+    arguments: dict[str, Any]
+
+
+Decision = Allow | Reject | Rewrite | None
+BeforeToolCall = Callable[[CallInfo], Awaitable[Decision]]
+ClientTools = Literal["ignore", "accept"]
+
+
+@attrs.frozen(kw_only=True)
+class RegisteredTool:
+    """A checked server tool with its validators compiled once."""
+
+    tool: ServerTool
+    check_schema: Validator
+    validate: Validator | None
+
+
+@attrs.frozen(kw_only=True)
+class Agent:
+    """A checked agent definition; build it with :func:`define_agent`."""
+
+    model: Model
+    tools: tuple[ServerTool, ...]
+    client_tools: ClientTools
+    before_tool_call: BeforeToolCall | None
+    client_tool_timeout: float
+    instructions: str
+    max_steps: int
+    registry: dict[str, RegisteredTool] = attrs.field(repr=False)
+    specs: tuple[ToolSpec, ...] = attrs.field(repr=False)
+
+
+def define_agent(
+    *,
+    model: Model,
+    tools: Sequence[ServerTool] = (),
+    client_tools: ClientTools = "ignore",
+    before_tool_call: BeforeToolCall | None = None,
+    client_tool_timeout: float = 30.0,
+    instructions: str = "",
+    max_steps: int = 8,
+) -> Agent:
+    """Check every definition and build an :class:`Agent`.
+
+    Raises :class:`~vrt.DefinitionError` for a server tool without a risk, a ``parameters``
+    that is not a valid JSON Schema object, duplicate names, an app tool passed as a server
+    tool, or a bad option.
+    """
+    if not callable(getattr(model, "stream", None)):
+        raise DefinitionError("model must have a stream(request) method (see vrt.Model)")
+    if client_tools not in ("ignore", "accept"):
+        raise DefinitionError(f"client_tools must be 'ignore' or 'accept', not {client_tools!r}")
+    if not (isinstance(client_tool_timeout, int | float) and client_tool_timeout > 0):
+        raise DefinitionError("client_tool_timeout must be a positive number of seconds")
+    if not (isinstance(max_steps, int) and max_steps >= 1):
+        raise DefinitionError("max_steps must be an integer >= 1")
+    if before_tool_call is not None and not callable(before_tool_call):
+        raise DefinitionError("before_tool_call must be an async function of vrt.CallInfo")
+    registry: dict[str, RegisteredTool] = {}
+    for tool in tools:
+        if isinstance(tool, AppTool):
+            raise DefinitionError(
+                f"{tool.name!r} is an app tool: app tools are declared by the client "
+                "(vrt.connect(tools=...)), not in define_agent"
+            )
+        if not isinstance(tool, ServerTool):
+            raise DefinitionError(f"tools must be vrt.ServerTool, not {tool!r}")
+        check_tool(tool)
+        if tool.name in registry:
+            raise DefinitionError(f"two server tools are named {tool.name!r}")
+        where = f"server tool {tool.name!r}"
+        registry[tool.name] = RegisteredTool(
+            tool=tool,
+            check_schema=schema_validator(tool.parameters),
+            validate=compile_validate(tool.validate, where),
+        )
+    return Agent(
+        model=model,
+        tools=tuple(tools),
+        client_tools=client_tools,
+        before_tool_call=before_tool_call,
+        client_tool_timeout=float(client_tool_timeout),
+        instructions=instructions,
+        max_steps=max_steps,
+        registry=registry,
+        specs=tuple(
+            ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+            for t in tools
+        ),
+    )

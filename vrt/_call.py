@@ -1,0 +1,220 @@
+"""One server-side tool call: its ToolCall machine, its stream events, its one result.
+
+The machine decides, the task acts: every method sends its event first and does nothing
+else if the machine refuses. The synchronous part (start, deltas, complete, interrupt,
+abandon) is driven by the turn as the model streams; the asynchronous part (hook,
+validation, run) is the call's own task in the turn's nursery, started at
+``arguments-complete``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from vrt._agent import Allow, CallInfo, Reject, Rewrite
+from vrt._context import Signal, ToolContext
+from vrt._errors import InvalidArguments, InvalidTransition
+from vrt._events import Phase, ToolPreview, ToolStream
+from vrt._results import CallRecord, ResultCode, ToolResult
+from vrt._tables import TOOL_CALL
+
+if TYPE_CHECKING:
+    from vrt._agent import RegisteredTool
+    from vrt._turn import Turn
+
+log = logging.getLogger("vrt")
+
+INTERRUPTED = ToolResult.failure(ResultCode.INTERRUPTED, "the turn was interrupted")
+
+
+class Call:
+    """The server's authority over one call."""
+
+    __slots__ = ("arguments", "call_id", "fragments", "machine", "name", "result", "signal",
+                 "text", "tool", "turn")
+
+    def __init__(self, turn: Turn, call_id: str, name: str) -> None:
+        self.turn = turn
+        self.call_id = call_id
+        self.name = name
+        self.tool: RegisteredTool | None = turn.session.agent.registry.get(name)
+        self.machine = TOOL_CALL.new()
+        self.fragments: list[str] = []
+        self.text: str | None = None  # the arguments' full JSON text, once complete
+        self.arguments: Any = None
+        self.result: ToolResult | None = None
+        self.signal = Signal()
+        self._emit(Phase.START)
+
+    # -- driven by the turn as the model streams ------------------------------------------
+
+    def delta(self, fragment: str) -> None:
+        """The model wrote the next fragment of the arguments."""
+        self.machine.send("delta")
+        self.fragments.append(fragment)
+        self._emit(Phase.ARGUMENTS_DELTA, delta=fragment)
+
+    def complete(self, arguments: Any) -> None:
+        """The arguments are complete: parse them (or take them as given) and issue the call."""
+        self.machine.send("complete")
+        if arguments is None or isinstance(arguments, str):
+            self.text = "".join(self.fragments) if arguments is None else arguments
+            try:
+                self.arguments = json.loads(self.text)
+            except ValueError:
+                self.arguments = self.text  # kept raw; validation answers INVALID
+        else:
+            self.arguments = arguments
+            self.text = json.dumps(arguments)
+        self.fragments = []
+        self._emit(Phase.ARGUMENTS_COMPLETE, arguments=self.arguments)
+
+    def abandon(self, message: str) -> None:
+        """The model stopped before completing the arguments: FAILED, phase ``failed``."""
+        self.machine.send("abandon")
+        self._end(ToolResult.failure(ResultCode.FAILED, message), Phase.FAILED, message=message)
+
+    def interrupt(self, message: str | None = None) -> None:
+        """The turn was interrupted: INTERRUPTED, phase ``cancelled``; aborts the signal."""
+        self.machine.send("interrupt")
+        self.signal.abort("interrupted")
+        result = INTERRUPTED if message is None else ToolResult.failure(
+            ResultCode.INTERRUPTED, message
+        )
+        self._end(result, Phase.CANCELLED)
+
+    # -- the call's own task ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Hook, validation, run. Cancelled with the turn's scope on interrupt."""
+        registered = self.tool
+        if registered is None:
+            self._settle("decline", ToolResult.failure(
+                ResultCode.FAILED, f"no tool named {self.name!r} is available"
+            ))
+            return
+        hook = self.turn.session.agent.before_tool_call
+        if hook is not None:
+            info = CallInfo(
+                call_id=self.call_id, turn_id=self.turn.turn_id, epoch=self.turn.epoch,
+                name=self.name, kind="server", risk=registered.tool.risk,
+                arguments=self.arguments,
+            )
+            try:
+                decision = await hook(info)
+            except Exception as exc:
+                log.exception("before_tool_call hook raised for call %s", self.call_id)
+                self._settle("decline", ToolResult.failure(
+                    ResultCode.FAILED, f"before_tool_call failed: {_describe(exc)}"
+                ))
+                return
+            if isinstance(decision, Reject):
+                self._settle("decline", ToolResult.failure(ResultCode.REJECTED, decision.reason))
+                return
+            if isinstance(decision, Rewrite):
+                self.arguments = decision.arguments
+            elif not (decision is None or isinstance(decision, Allow)):
+                self._settle("decline", ToolResult.failure(
+                    ResultCode.FAILED,
+                    f"before_tool_call returned {type(decision).__name__}, "
+                    "not Allow, Reject, Rewrite or None",
+                ))
+                return
+        if not self._send("allow"):
+            return
+        try:
+            value = self._validate(registered)
+        except InvalidArguments as exc:
+            self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
+            return
+        self._settle("finish", await self._execute(registered, value))
+
+    def _validate(self, registered: RegisteredTool) -> Any:
+        if not isinstance(self.arguments, dict):
+            raise InvalidArguments("arguments are not a JSON object")
+        value = registered.check_schema(self.arguments)
+        if registered.validate is not None:
+            value = registered.validate(value)
+        return value
+
+    async def _execute(self, registered: RegisteredTool, value: Any) -> ToolResult:
+        tool = registered.tool
+        turn = self.turn
+        ctx = ToolContext(
+            call_id=self.call_id, turn_id=turn.turn_id, epoch=turn.epoch, name=self.name,
+            signal=self.signal, progress=self.progress,
+        )
+        try:
+            if tool.timeout is None:
+                return ToolResult.success(await tool.run(value, ctx))
+            with trio.move_on_after(tool.timeout):
+                return ToolResult.success(await tool.run(value, ctx))
+            self.signal.abort("timeout")
+            return ToolResult.failure(
+                ResultCode.TIMEOUT, f"no result within {tool.timeout:g} s; the run was cancelled"
+            )
+        except Exception as exc:
+            log.exception("server tool %r raised (call %s)", self.name, self.call_id)
+            return ToolResult.failure(ResultCode.FAILED, _describe(exc))
+
+    def progress(self, progress: Any) -> None:
+        """``ctx.emit``: a ``progress`` phase while running; dropped once the call ended."""
+        if self._send("progress"):
+            self._emit(Phase.PROGRESS, progress=progress)
+
+    # -- results and events ------------------------------------------------------------------
+
+    def _send(self, event: str) -> bool:
+        """Send ``event``; a late event after a final state is logged and dropped."""
+        try:
+            self.machine.send(event)
+        except InvalidTransition:
+            if not self.machine.final:
+                raise
+            log.debug("call %s is %s: late %r dropped", self.call_id, self.machine.state, event)
+            return False
+        return True
+
+    def _settle(self, event: str, result: ToolResult) -> None:
+        if self._send(event):
+            self._end(result, Phase.SETTLED, ok=result.ok, code=result.code,
+                      message=result.message)
+
+    def _end(self, result: ToolResult, phase: Phase, **fields: Any) -> None:
+        self.result = result
+        self._emit(phase, **fields)
+        self.turn.call_ended(self)
+
+    def record(self) -> CallRecord:
+        """The call's history record; only valid once the call has its result."""
+        assert self.result is not None, f"call {self.call_id} has no result yet"
+        return CallRecord(
+            call_id=self.call_id, name=self.name, kind="server",
+            arguments=self.arguments if self.text is not None else "".join(self.fragments),
+            result=self.result,
+        )
+
+    def _emit(self, phase: Phase, **fields: Any) -> None:
+        session = self.turn.session
+        if not session.subscribers:
+            return
+        turn = self.turn
+        session.emit(ToolStream(
+            call_id=self.call_id, turn_id=turn.turn_id, epoch=turn.epoch, name=self.name,
+            kind="server", phase=phase, **fields,
+        ))
+        text = self.text if self.text is not None else "".join(self.fragments)
+        session.emit(ToolPreview(
+            call_id=self.call_id, turn_id=turn.turn_id, name=self.name, arguments=text,
+            complete=self.text is not None,
+        ))
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as type and text, never a traceback."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,100 @@
+"""What a running tool receives: its identity, its abort signal, progress, safe commits."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from vrt._errors import CallAborted
+
+
+class Signal:
+    """Mirrors the reference's AbortSignal: ``aborted``, ``reason``, ``await wait()``.
+
+    It aborts when the call's turn is interrupted (reason ``"interrupted"``) or the call
+    timed out (``"timeout"``). The task is cancelled at its next checkpoint as well; the
+    signal is for code between checkpoints and right before committing.
+    """
+
+    __slots__ = ("_event", "aborted", "reason")
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self.reason: str | None = None
+        self._event: trio.Event | None = None
+
+    async def wait(self) -> None:
+        """Return once the signal has aborted. Cancellable like any Trio wait."""
+        if self.aborted:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
+
+    def abort(self, reason: str) -> None:
+        """Abort (idempotent: the first reason stays)."""
+        if self.aborted:
+            return
+        self.aborted = True
+        self.reason = reason
+        if self._event is not None:
+            self._event.set()
+
+    def __repr__(self) -> str:
+        return f"<Signal aborted={self.aborted} reason={self.reason!r}>"
+
+
+class ToolContext:
+    """The second argument of a server tool's ``run``: ``call_id``, ``turn_id``, ``epoch``,
+    ``name``, ``signal``, ``emit(progress)`` and ``committing()``.
+
+    Group a turn's effects by ``turn_id`` to undo it whole; use ``call_id`` as an
+    idempotency key.
+    """
+
+    __slots__ = ("_progress", "call_id", "epoch", "name", "signal", "turn_id")
+
+    def __init__(
+        self,
+        *,
+        call_id: str,
+        turn_id: str,
+        epoch: int,
+        name: str,
+        signal: Signal,
+        progress: Callable[[Any], None],
+    ) -> None:
+        self.call_id = call_id
+        self.turn_id = turn_id
+        self.epoch = epoch
+        self.name = name
+        self.signal = signal
+        self._progress = progress
+
+    def emit(self, progress: Any) -> None:
+        """Report progress (a ``progress`` stream phase). Synchronous, never blocks.
+
+        Progress reported after the call ended (interrupted, timed out) is dropped.
+        """
+        self._progress(progress)
+
+    @asynccontextmanager
+    async def committing(self) -> AsyncIterator[None]:
+        """Guard the block that commits the tool's effect.
+
+        Raises :class:`~vrt.CallAborted` if the signal has already aborted; otherwise the
+        block runs shielded from cancellation, so an interrupt arriving mid-commit cannot
+        leave it half done. The interrupt still wins afterwards: the call's result is
+        INTERRUPTED and whatever the tool returns is dropped.
+        """
+        if self.signal.aborted:
+            raise CallAborted(f"call {self.call_id} was aborted ({self.signal.reason})")
+        with trio.CancelScope(shield=True):
+            yield
+
+    def __repr__(self) -> str:
+        return f"<ToolContext {self.name} call_id={self.call_id!r} turn_id={self.turn_id!r}>"

@@ -1,0 +1,38 @@
+"""One error tree, rooted at :class:`VrtError`."""
+
+from __future__ import annotations
+
+
+class VrtError(Exception):
+    """Base of every error trio-vrt raises on purpose."""
+
+
+class DefinitionError(VrtError):
+    """A tool or agent definition is wrong (missing risk, bad schema, duplicate name...)."""
+
+
+class InvalidTransition(VrtError):
+    """A machine was sent an event its class does not allow in its current state.
+
+    Inside the engine this is a bug report, except for the one documented case of a late
+    event after a final state (a tool that ignored its cancellation), which is logged and
+    dropped.
+    """
+
+    def __init__(self, machine: str, state: str, event: str) -> None:
+        super().__init__(f"{machine}: event {event!r} is not allowed in state {state!r}")
+        self.machine = machine
+        self.state = state
+        self.event = event
+
+
+class InvalidArguments(VrtError):
+    """A tool's arguments are not valid for it; the call's result is INVALID."""
+
+
+class CallAborted(VrtError):
+    """Raised by ``ToolContext.committing()`` when the call's turn was already interrupted."""
+
+
+class SessionClosed(VrtError):
+    """The session closed before the awaited thing happened (e.g. ``Turn.wait``)."""

@@ -1,0 +1,103 @@
+"""Events an app receives from a session (in process) or a client (over the wire).
+
+All are frozen, keyword-only attrs records. :class:`ToolStream` mirrors the wire's
+``tool.stream`` message; :class:`ToolPreview` the legacy ``tool.preview``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from vrt._results import Kind, ResultCode
+
+
+class Phase(enum.StrEnum):
+    """A call's stream phase; the values are the wire strings."""
+
+    START = "start"
+    ARGUMENTS_DELTA = "arguments-delta"
+    ARGUMENTS_COMPLETE = "arguments-complete"
+    PROGRESS = "progress"
+    SETTLED = "settled"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+#: The phases that end a call's stream.
+TERMINAL_PHASES = frozenset({Phase.SETTLED, Phase.CANCELLED, Phase.FAILED})
+
+
+@attrs.frozen(kw_only=True)
+class ToolStream:
+    """One lifecycle event of one call (the ``tool.stream`` message).
+
+    Per phase: ``delta`` (arguments-delta), ``arguments`` (arguments-complete, the parsed
+    object or the raw text when it did not parse), ``progress`` (progress), ``ok`` and
+    ``code`` (settled), ``message`` (failed; for settled, a failure's message).
+    A server tool's output is never included.
+    """
+
+    call_id: str
+    turn_id: str
+    epoch: int
+    name: str
+    kind: Kind
+    phase: Phase
+    delta: str | None = None
+    arguments: Any = None
+    progress: Any = None
+    ok: bool | None = None
+    code: ResultCode | None = None
+    message: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolPreview:
+    """The legacy preview of a call: the arguments' JSON text received so far."""
+
+    call_id: str
+    turn_id: str
+    name: str
+    arguments: str
+    complete: bool
+
+
+@attrs.frozen(kw_only=True)
+class TurnStarted:
+    """A turn began (``turn.started``)."""
+
+    turn_id: str
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class TurnEnded:
+    """A turn ended (``turn.ended``); ``epoch`` is the session's epoch after it ended."""
+
+    turn_id: str
+    epoch: int
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class TextDelta:
+    """Model text, what the agent says (``text.delta``)."""
+
+    turn_id: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Closed:
+    """The session is over for good (``closed``): clear any preview state.
+
+    No terminal event is synthesized for calls still open when a session closes.
+    """
+
+    reason: str
+
+
+Event = ToolStream | ToolPreview | TurnStarted | TurnEnded | TextDelta | Closed

@@ -1,0 +1,139 @@
+"""A model that plays a script: for demos, tests and benchmarks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from vrt.models import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, Text
+
+
+@attrs.frozen(kw_only=True)
+class Say:
+    """Scripted text (build with :func:`say`)."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ScriptedCall:
+    """A scripted call (build with :func:`call`)."""
+
+    name: str
+    arguments: Any
+    chunks: int = 1
+    stream: bool = True
+    truncate: bool = False
+    call_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Pause:
+    """A scripted pause (build with :func:`pause`)."""
+
+    seconds: float
+
+
+ScriptItem = Say | ScriptedCall | Pause
+
+
+def say(text: str) -> Say:
+    """The model says ``text``."""
+    return Say(text=text)
+
+
+def call(
+    name: str,
+    arguments: Any = None,
+    *,
+    chunks: int = 1,
+    stream: bool = True,
+    truncate: bool = False,
+    call_id: str | None = None,
+) -> ScriptedCall:
+    """The model calls ``name``.
+
+    ``arguments`` is a JSON-able object (``None`` means ``{}``), or a str taken as the raw
+    JSON text (so a script can send malformed arguments). With ``stream=True`` the text
+    arrives in ``chunks`` ``arguments-delta`` fragments; with ``stream=False`` the model goes
+    straight from ``start`` to ``arguments-complete``. ``truncate=True`` stops the model
+    after the first half of the fragments, before completing the arguments.
+    """
+    if chunks < 1:
+        raise ValueError("chunks must be >= 1")
+    return ScriptedCall(
+        name=name, arguments={} if arguments is None else arguments, chunks=chunks,
+        stream=stream, truncate=truncate, call_id=call_id,
+    )
+
+
+def pause(seconds: float) -> Pause:
+    """The model pauses for ``seconds`` (a checkpoint even at 0)."""
+    return Pause(seconds=seconds)
+
+
+def _split(text: str, chunks: int) -> list[str]:
+    chunks = max(1, min(chunks, len(text)))
+    size, extra = divmod(len(text), chunks)
+    parts, start = [], 0
+    for i in range(chunks):
+        end = start + size + (1 if i < extra else 0)
+        parts.append(text[start:end])
+        start = end
+    return parts
+
+
+class ScriptedModel:
+    """Plays ``steps``: each model step consumes the next scripted step.
+
+    A step is a list of :func:`say`, :func:`call` and :func:`pause`. Once the script is
+    exhausted every step is empty (no text, no calls), which ends the turn. Each session
+    plays the script from its start, with its own call ids (``call_1``, ``call_2``, ...).
+    """
+
+    def __init__(self, steps: Sequence[Sequence[ScriptItem]]) -> None:
+        self.steps = [list(step) for step in steps]
+        for step in self.steps:
+            for item in step:
+                if not isinstance(item, Say | ScriptedCall | Pause):
+                    raise TypeError(f"a script step holds say/call/pause items, not {item!r}")
+        self._cursors: dict[str, list[int]] = {}  # session id -> [next step, call count]
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Stream the next scripted step for the request's session."""
+        cursor = self._cursors.setdefault(request.session_id, [0, 0])
+        index = cursor[0]
+        cursor[0] += 1
+        if index >= len(self.steps):
+            return
+        for item in self.steps[index]:
+            if isinstance(item, Say):
+                yield Text(text=item.text)
+            elif isinstance(item, Pause):
+                await trio.sleep(item.seconds)
+            else:
+                cursor[1] += 1
+                call_id = item.call_id or f"call_{cursor[1]}"
+                yield CallStart(call_id=call_id, name=item.name)
+                if not item.stream:
+                    yield CallEnd(call_id=call_id, arguments=item.arguments)
+                    continue
+                text = item.arguments if isinstance(item.arguments, str) else json.dumps(
+                    item.arguments
+                )
+                parts = _split(text, item.chunks)
+                if item.truncate:
+                    parts = parts[: len(parts) // 2]
+                for part in parts:
+                    yield CallDelta(call_id=call_id, delta=part)
+                if item.truncate:
+                    return
+                yield CallEnd(call_id=call_id)
+
+    def forget(self, session_id: str) -> None:
+        """Drop the cursor kept for a session that has ended."""
+        self._cursors.pop(session_id, None)

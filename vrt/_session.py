@@ -1,0 +1,156 @@
+"""The in-process session: the agent's conversation, its turns and its event subscribers."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from vrt._agent import Agent
+from vrt._errors import SessionClosed
+from vrt._events import Closed, Event, TurnStarted
+from vrt._tables import SESSION
+from vrt._turn import Turn
+from vrt.models import HistoryItem, ModelRequest, UserInput
+
+
+class Session:
+    """One conversation with an agent. Build it with :func:`open_session`."""
+
+    def __init__(self, agent: Agent, nursery: trio.Nursery, session_id: str) -> None:
+        self.agent = agent
+        self.session_id = session_id
+        self.epoch = 0
+        """Raised by one on every interrupt; every turn and call carries the epoch it ran in."""
+        self.history: list[HistoryItem] = []
+        self.subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._nursery = nursery
+        self._machine = SESSION.new()
+        self._machine.send("accept")
+        self._turn: Turn | None = None
+        self._turns = 0
+        self._call_ids: set[str] = set()
+        self._lock = trio.Lock()
+
+    @property
+    def state(self) -> str:
+        """The Session machine's state (``open`` or ``closed`` in process)."""
+        return self._machine.state
+
+    @property
+    def turn(self) -> Turn | None:
+        """The open turn, if any."""
+        return self._turn
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """Receive every event from now on, in order, until the session closes.
+
+        The channel is unbounded so that emitting never blocks the engine; a subscriber
+        that stops reading holds memory until it leaves the ``async with``. The last event
+        is :class:`~vrt.Closed`, after which the iteration ends.
+        """
+        send, receive = trio.open_memory_channel[Event](math.inf)
+        self.subscribers.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            if send in self.subscribers:
+                self.subscribers.remove(send)
+            send.close()
+
+    def emit(self, event: Event) -> None:
+        """Deliver ``event`` to every subscriber, synchronously."""
+        for channel in self.subscribers:
+            try:
+                channel.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.subscribers.remove(channel)
+
+    async def start_turn(self, text: str) -> Turn:
+        """Start a turn for the user's ``text`` and return it (await ``turn.wait()``).
+
+        If a turn is open it is interrupted first (barge-in) and this waits for it to
+        end, so the history stays in order. Cancelling this call before the new turn
+        started leaves the old turn interrupted and starts nothing.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        async with self._lock:
+            if self._machine.state != "open":
+                raise SessionClosed("the session is closed")
+            previous = self._turn
+            if previous is not None:
+                previous.interrupt()
+                await previous.wait()
+            self._turns += 1
+            turn = Turn(self, f"t_{self._turns}", self.epoch)
+            self._turn = turn
+            self.history.append(UserInput(turn_id=turn.turn_id, text=text))
+            if self.subscribers:
+                self.emit(TurnStarted(turn_id=turn.turn_id, epoch=turn.epoch))
+            self._nursery.start_soon(turn.run)
+            return turn
+
+    def interrupt(self) -> None:
+        """Interrupt the open turn, if any (sync, idempotent): see :meth:`Turn.interrupt`."""
+        if self._turn is not None:
+            self._turn.interrupt()
+
+    def close(self, reason: str = "client") -> None:
+        """End the session for good: open turns are cancelled without terminal events
+        (the reference says so), subscribers get :class:`~vrt.Closed` and their iteration
+        ends. Idempotent."""
+        if self._machine.final:
+            return
+        self._machine.send("close")
+        self._nursery.cancel_scope.cancel()
+        self.emit(Closed(reason=reason))
+        for channel in self.subscribers:
+            channel.close()
+        self.subscribers.clear()
+
+    # -- for turns ---------------------------------------------------------------------------
+
+    def request(self, turn: Turn, step: int) -> ModelRequest:
+        """The model request for one step of ``turn``."""
+        return ModelRequest(
+            instructions=self.agent.instructions, tools=self.agent.specs,
+            history=tuple(self.history), session_id=self.session_id, turn_id=turn.turn_id,
+            step=step,
+        )
+
+    def seen_call_id(self, call_id: str) -> bool:
+        """Record ``call_id``; True if the session had already seen it."""
+        if call_id in self._call_ids:
+            return True
+        self._call_ids.add(call_id)
+        return False
+
+    def turn_ended(self, turn: Turn) -> None:
+        if self._turn is turn:
+            self._turn = None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.session_id} {self._machine.state}>"
+
+
+@asynccontextmanager
+async def open_session(agent: Agent) -> AsyncIterator[Session]:
+    """Open an in-process session with ``agent`` (no network).
+
+    The session owns a nursery for its turns. Leaving the block closes the session: a turn
+    still open is cancelled, its open calls get no terminal event, ``turn.wait()`` raises
+    :class:`~vrt.SessionClosed`, and subscribers receive :class:`~vrt.Closed`. If the body
+    is cancelled, the same happens.
+    """
+    async with trio.open_nursery() as nursery:
+        session = Session(agent, nursery, f"s_{secrets.token_hex(8)}")
+        try:
+            yield session
+        finally:
+            session.close("client")

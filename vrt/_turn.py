@@ -1,0 +1,219 @@
+"""A turn: one user input, the model steps it leads to, and every call in them.
+
+Each turn owns a nursery inside its own cancel scope; every call's task lives in that
+nursery. Interrupting the turn (sync, idempotent) first moves the Turn machine to
+``interrupting`` and every open call to ``cancelled`` (one stream event each, all before
+any task runs again), then cancels the scope. The turn ends ``interrupted`` only after the
+nursery has exited, i.e. every task has unwound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from vrt._call import Call, _describe
+from vrt._errors import InvalidTransition, SessionClosed, VrtError
+from vrt._events import TextDelta, TurnEnded
+from vrt._results import CallRecord, TurnResult, TurnStatus
+from vrt._tables import TURN
+from vrt.models import AgentText, CallDelta, CallEnd, CallStart, HistoryItem, Text, TurnInterrupted
+
+if TYPE_CHECKING:
+    from vrt._session import Session
+
+log = logging.getLogger("vrt")
+
+STOPPED = "the model stopped before completing the arguments"
+
+
+class ModelError(VrtError):
+    """The model broke the stream's rules (unknown call id, duplicate id, bad event)."""
+
+
+class Turn:
+    """A running turn. Await :meth:`wait` for its :class:`~vrt.TurnResult`."""
+
+    def __init__(self, session: Session, turn_id: str, epoch: int) -> None:
+        self.session = session
+        self.turn_id = turn_id
+        self.epoch = epoch
+        self._machine = TURN.new()
+        self._scope = trio.CancelScope()
+        self._calls: list[Call] = []  # every call of the turn, in call order
+        self._open: dict[str, Call] = {}  # calls not yet final
+        self._idle: trio.Event | None = None
+        self._text: list[str] = []
+        self._records: list[CallRecord] = []  # results already fed back, in call order
+        self._ended = trio.Event()
+        self._result: TurnResult | None = None
+
+    @property
+    def state(self) -> str:
+        """The Turn machine's state (``generating``, ``awaiting``, ..., ``interrupted``)."""
+        return self._machine.state
+
+    def interrupt(self) -> None:
+        """Interrupt the turn: sync and idempotent.
+
+        Every open call moves to ``cancelled`` with an INTERRUPTED result at once, the
+        session's epoch goes up by one, and the turn's scope is cancelled. The turn ends
+        ``interrupted`` once its tasks have unwound. Does nothing if the turn is already
+        ending or ended.
+        """
+        try:
+            self._machine.send("interrupt")
+        except InvalidTransition:
+            return  # already interrupting or final: the machine says there is nothing to do
+        self.session.epoch += 1
+        for call in list(self._open.values()):
+            call.interrupt()
+        self._scope.cancel()
+
+    async def wait(self) -> TurnResult:
+        """Wait for the turn to end and return its result.
+
+        Cancelling the wait does not affect the turn. Raises :class:`~vrt.SessionClosed`
+        if the session closed before the turn ended.
+        """
+        await self._ended.wait()
+        if self._result is None:
+            raise SessionClosed(f"the session closed before turn {self.turn_id} ended")
+        return self._result
+
+    # -- called by calls ---------------------------------------------------------------------
+
+    def call_ended(self, call: Call) -> None:
+        del self._open[call.call_id]
+        if not self._open and self._idle is not None:
+            self._idle.set()
+
+    # -- the turn's task ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The turn loop; on session close it is cancelled and the turn never ends."""
+        message: str | None = None
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    message = await self._loop(nursery)
+        except Exception as exc:  # an engine bug, not a tool's or the model's error
+            log.exception("turn %s failed", self.turn_id)
+            message = f"internal error: {_describe(exc)}"
+            for call in list(self._open.values()):
+                call.interrupt("the turn failed")
+            with contextlib.suppress(InvalidTransition):
+                self._machine.send("error")
+        except BaseException:
+            self._ended.set()  # session closed: wait() raises SessionClosed
+            raise
+        if self._machine.state == "interrupting":
+            self._machine.send("unwound")
+        self._finish(message)
+
+    async def _loop(self, nursery: trio.Nursery) -> str | None:
+        """Run model steps until one makes no call; return a failure message, if any."""
+        step = 0
+        while True:
+            step += 1
+            first = len(self._calls)
+            try:
+                await self._stream_step(step, nursery)
+            except Exception as exc:
+                log.warning("model failed in turn %s: %s", self.turn_id, _describe(exc))
+                failure = f"model failed: {_describe(exc)}"
+                self._abandon(failure)
+                await self._calls_final()
+                self._machine.send("error")
+                return failure
+            self._abandon(STOPPED)
+            if len(self._calls) == first:
+                self._machine.send("finish")
+                return None
+            self._machine.send("step_done")
+            await self._calls_final()
+            self._flush_step()
+            if step >= self.session.agent.max_steps:
+                self._machine.send("finish")
+                return None
+            self._machine.send("next_step")
+
+    async def _stream_step(self, step: int, nursery: trio.Nursery) -> None:
+        session = self.session
+        request = session.request(self, step)
+        calls = self._open
+        stream = session.agent.model.stream(request)
+        closing: Any = (
+            contextlib.aclosing(stream) if hasattr(stream, "aclose")
+            else contextlib.nullcontext(stream)
+        )
+        async with closing:
+            async for event in stream:
+                kind = type(event)
+                if kind is CallDelta:
+                    call = calls.get(event.call_id)
+                    if call is None:
+                        raise ModelError(f"delta for unknown call {event.call_id!r}")
+                    call.delta(event.delta)
+                elif kind is CallStart:
+                    if session.seen_call_id(event.call_id):
+                        raise ModelError(f"call id {event.call_id!r} was already used")
+                    call = Call(self, event.call_id, event.name)
+                    self._calls.append(call)
+                    calls[call.call_id] = call
+                elif kind is CallEnd:
+                    call = calls.get(event.call_id)
+                    if call is None:
+                        raise ModelError(f"end of unknown call {event.call_id!r}")
+                    call.complete(event.arguments)
+                    nursery.start_soon(call.run)
+                elif kind is Text:
+                    self._text.append(event.text)
+                    if session.subscribers:
+                        session.emit(TextDelta(turn_id=self.turn_id, text=event.text))
+                else:
+                    raise ModelError(f"the model streamed {event!r}, not a vrt.models event")
+
+    def _abandon(self, message: str) -> None:
+        """Fail every call whose arguments never completed."""
+        for call in list(self._open.values()):
+            if call.text is None:
+                call.abandon(message)
+
+    async def _calls_final(self) -> None:
+        if self._open:
+            self._idle = trio.Event()
+            await self._idle.wait()
+            self._idle = None
+
+    def _flush_step(self) -> None:
+        """Feed the text and results so far into the history, in call order."""
+        history: list[HistoryItem] = self.session.history
+        if self._text:
+            history.append(AgentText(turn_id=self.turn_id, text="".join(self._text)))
+            self._text = []
+        fresh = [call.record() for call in self._calls[len(self._records):]]
+        self._records.extend(fresh)
+        history.extend(fresh)
+
+    def _finish(self, message: str | None) -> None:
+        status: TurnStatus = self._machine.state  # type: ignore[assignment]
+        self._flush_step()
+        if status == "interrupted":
+            self.session.history.append(TurnInterrupted(turn_id=self.turn_id))
+        self._result = TurnResult(
+            turn_id=self.turn_id, status=status, calls=tuple(self._records), message=message,
+        )
+        self._calls = []
+        self._records = []
+        self.session.turn_ended(self)
+        if self.session.subscribers:
+            self.session.emit(TurnEnded(turn_id=self.turn_id, epoch=self.session.epoch,
+                                        reason=status))
+        self._ended.set()
+
+    def __repr__(self) -> str:
+        return f"<Turn {self.turn_id} {self._machine.state}>"

@@ -1,0 +1,146 @@
+"""The model side of vrt: what a model is asked, and the events it streams back.
+
+A model is anything with ``stream(request) -> AsyncIterator[ModelEvent]``. One call of
+``stream`` is one model step. Within a step the model may say text and make calls; a call
+is ``CallStart``, any number of ``CallDelta`` fragments of its JSON arguments, then
+``CallEnd``. ``CallEnd(arguments=...)`` may carry the whole arguments at once (a model that
+does not stream them); otherwise the arguments are the concatenated deltas. A step whose
+stream ends with a call not ended means the model stopped before completing its arguments:
+that call fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import attrs
+
+from vrt._results import CallRecord
+
+__all__ = [
+    "AgentText",
+    "CallDelta",
+    "CallEnd",
+    "CallRecord",
+    "CallStart",
+    "HistoryItem",
+    "Model",
+    "ModelEvent",
+    "ModelRequest",
+    "Text",
+    "ToolSpec",
+    "TurnInterrupted",
+    "UserInput",
+]
+
+
+# -- what the model streams -----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Text:
+    """A fragment of what the agent says."""
+
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class CallStart:
+    """The model began a call; ``call_id`` must be unique within the session."""
+
+    call_id: str
+    name: str
+
+
+@attrs.frozen(kw_only=True)
+class CallDelta:
+    """The next fragment of a call's arguments, as JSON text."""
+
+    call_id: str
+    delta: str
+
+
+@attrs.frozen(kw_only=True)
+class CallEnd:
+    """The call's arguments are complete.
+
+    ``arguments`` is either None (the arguments are the concatenated deltas), a JSON text,
+    or an already parsed object (a model that does not stream arguments).
+    """
+
+    call_id: str
+    arguments: Any = None
+
+
+ModelEvent = Text | CallStart | CallDelta | CallEnd
+
+
+# -- what the model is asked ----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ToolSpec:
+    """A tool exactly as the model is offered it: name, description, JSON Schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class UserInput:
+    """What the user said, which started a turn."""
+
+    turn_id: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class AgentText:
+    """What the agent said during one model step (the step's text, joined)."""
+
+    turn_id: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class TurnInterrupted:
+    """The user interrupted this turn: they may not have heard or seen all of it.
+
+    Everything the history holds for the turn before this mark was produced, not
+    necessarily delivered; calls cut short carry INTERRUPTED results.
+    """
+
+    turn_id: str
+    note: str = (
+        "The user interrupted this turn; they may not have heard or seen all of the "
+        "response, and calls that had not finished were cancelled."
+    )
+
+
+HistoryItem = UserInput | AgentText | CallRecord | TurnInterrupted
+
+
+@attrs.frozen(kw_only=True)
+class ModelRequest:
+    """One model step's request: instructions, the tools offered, and the history so far.
+
+    ``session_id`` and ``turn_id`` identify the conversation, e.g. for a model that keeps
+    state per session; ``step`` counts the turn's steps from 1.
+    """
+
+    instructions: str
+    tools: tuple[ToolSpec, ...]
+    history: tuple[HistoryItem, ...]
+    session_id: str
+    turn_id: str
+    step: int
+
+
+class Model(Protocol):
+    """Anything that can run one model step."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        """Stream one step's events; cancelled with the turn when the user interrupts."""
+        ...
