@@ -91,6 +91,9 @@ class Call:
 
     async def run(self) -> None:
         """Hook, validation, run. Cancelled with the turn's scope on interrupt."""
+        # A call interrupted while queued (issued, its task not yet started) stops here,
+        # before its hook: the scope is already cancelled.
+        await trio.lowlevel.checkpoint_if_cancelled()
         registered = self.tool
         if registered is None:
             self._settle("decline", ToolResult.failure(

@@ -20,14 +20,14 @@ from vrt.models import HistoryItem, ModelRequest, UserInput
 class Session:
     """One conversation with an agent. Build it with :func:`open_session`."""
 
-    def __init__(self, agent: Agent, nursery: trio.Nursery, session_id: str) -> None:
+    def __init__(self, agent: Agent, session_id: str) -> None:
         self.agent = agent
         self.session_id = session_id
         self.epoch = 0
         """Raised by one on every interrupt; every turn and call carries the epoch it ran in."""
         self.history: list[HistoryItem] = []
         self.subscribers: list[trio.MemorySendChannel[Event]] = []
-        self._nursery = nursery
+        self._nursery: trio.Nursery | None = None  # the turns' nursery, see host()
         self._machine = SESSION.new()
         self._machine.send("accept")
         self._turn: Turn | None = None
@@ -93,6 +93,7 @@ class Session:
             self.history.append(UserInput(turn_id=turn.turn_id, text=text))
             if self.subscribers:
                 self.emit(TurnStarted(turn_id=turn.turn_id, epoch=turn.epoch))
+            assert self._nursery is not None
             self._nursery.start_soon(turn.run)
             return turn
 
@@ -108,11 +109,23 @@ class Session:
         if self._machine.final:
             return
         self._machine.send("close")
-        self._nursery.cancel_scope.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
         self.emit(Closed(reason=reason))
         for channel in self.subscribers:
             channel.close()
         self.subscribers.clear()
+
+    async def host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the nursery the session's turns run in, until :meth:`close` cancels it.
+
+        A nursery of its own, so that closing the session cancels its turns but never the
+        code of whoever opened it.
+        """
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
 
     # -- for turns ---------------------------------------------------------------------------
 
@@ -149,7 +162,8 @@ async def open_session(agent: Agent) -> AsyncIterator[Session]:
     is cancelled, the same happens.
     """
     async with trio.open_nursery() as nursery:
-        session = Session(agent, nursery, f"s_{secrets.token_hex(8)}")
+        session = Session(agent, f"s_{secrets.token_hex(8)}")
+        await nursery.start(session.host)
         try:
             yield session
         finally:

@@ -174,7 +174,21 @@ def _is_async_callable(fn: object) -> bool:
 
 Validator = Callable[[dict[str, Any]], Any]
 
+# cattrs alone coerces (3 becomes "3"); a validator must not, so primitives are strict.
 _converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _strict_hook(kind: type) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, _: Any) -> Any:
+        if type(value) is kind or (kind is float and type(value) is int):
+            return value
+        raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+
+    return structure
+
+
+for _kind in (str, int, float, bool):
+    _converter.register_structure_hook(_kind, _strict_hook(_kind))
 
 
 def compile_validate(validate: Any, where: str) -> Validator | None:

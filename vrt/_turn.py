@@ -127,19 +127,29 @@ class Turn:
                 failure = f"model failed: {_describe(exc)}"
                 self._abandon(failure)
                 await self._calls_final()
-                self._machine.send("error")
+                await self._advance("error")
                 return failure
             self._abandon(STOPPED)
             if len(self._calls) == first:
-                self._machine.send("finish")
+                await self._advance("finish")
                 return None
-            self._machine.send("step_done")
+            await self._advance("step_done")
             await self._calls_final()
             self._flush_step()
             if step >= self.session.agent.max_steps:
-                self._machine.send("finish")
+                await self._advance("finish")
                 return None
-            self._machine.send("next_step")
+            await self._advance("next_step")
+
+    async def _advance(self, event: str) -> None:
+        """Move the Turn machine, unless an interrupt got in first.
+
+        An interrupt cancels the scope, but a wait that was already woken (the last call
+        ended) or a stream that ended without a checkpoint would carry on: checking the
+        scope here makes the interrupt win, so no step starts after it.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._machine.send(event)
 
     async def _stream_step(self, step: int, nursery: trio.Nursery) -> None:
         session = self.session

@@ -1,0 +1,73 @@
+"""Shared fixtures and helpers for the test suite."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+import vrt
+
+
+def stream_of(events: Sequence[Any], call_id: str) -> list[str]:
+    """The phases of one call, in order."""
+    return [e.phase for e in events if isinstance(e, vrt.ToolStream) and e.call_id == call_id]
+
+
+async def run_turn(
+    agent: vrt.Agent, text: str = "go"
+) -> tuple[vrt.TurnResult, list[Any], vrt.Session]:
+    """Run one turn to its end in a fresh session and return its result and events."""
+    async with vrt.open_session(agent) as session, session.subscribe() as events:
+        turn = await session.start_turn(text)
+        result = await turn.wait()
+        log = drain(events)
+        return result, log, session
+
+
+class Log:
+    """A subscription that remembers every event it handed out."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.events: list[Any] = []
+
+    def __aiter__(self) -> Log:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            event = await self.channel.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        self.events.append(event)
+        return event
+
+
+async def until(events: Log, predicate: Any) -> Any:
+    """Receive events until one matches ``predicate``; return it."""
+    with trio.fail_after(60):
+        async for event in events:
+            if predicate(event):
+                return event
+    raise AssertionError("stream ended")
+
+
+def drain(events: Any) -> list[Any]:
+    """Everything delivered to a subscription so far (including what ``until`` consumed)."""
+    out = list(events.events) if isinstance(events, Log) else []
+    channel = events.channel if isinstance(events, Log) else events
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return out
+
+
+@asynccontextmanager
+async def subscribed(session: vrt.Session) -> AsyncIterator[Log]:
+    """``session.subscribe()`` as a :class:`Log`."""
+    async with session.subscribe() as channel:
+        yield Log(channel)

@@ -1,0 +1,131 @@
+"""The machines and their compiled tables."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import machines
+import vrt
+from vrt import _tables
+from vrt._tables import Machine, StrictMachine, Table
+
+PAIRS = [
+    (table, state, event)
+    for table in _tables.TABLES
+    for state, event in itertools.product(table.states, table.events)
+]
+
+
+def test_every_machine_is_compiled() -> None:
+    assert [t.chart for t in _tables.TABLES] == list(machines.ALL)
+
+
+@pytest.mark.parametrize(("table", "state", "event"), PAIRS,
+                         ids=[f"{t.name}-{s}-{e}" for t, s, e in PAIRS])
+def test_table_agrees_with_library(table: Table, state: str, event: str) -> None:
+    """For every (state, event) pair the compiled table and the library do the same thing."""
+    # Reach ``state`` in a real library instance by a path the class itself allows.
+    path = _path_to(table, state)
+    lib = table.chart()
+    for step in path:
+        lib.send(step)
+    assert set(lib.configuration_values) == {state}
+    compiled = Machine(table)
+    compiled.state = state
+    try:
+        lib.send(event)
+    except lib.TransitionNotAllowed:
+        with pytest.raises(vrt.InvalidTransition):
+            compiled.send(event)
+        assert compiled.state == state
+    else:
+        (target,) = lib.configuration_values
+        assert compiled.send(event) == target
+
+
+def _path_to(table: Table, goal: str) -> list[str]:
+    """The shortest event sequence from the initial state to ``goal``."""
+    frontier: list[tuple[str, list[str]]] = [(table.initial, [])]
+    seen = {table.initial}
+    while frontier:
+        state, path = frontier.pop(0)
+        if state == goal:
+            return path
+        for (source, event), target in table.transitions.items():
+            if source == state and target not in seen:
+                seen.add(target)
+                frontier.append((target, [*path, event]))
+    raise AssertionError(f"{table.name}: {goal} is unreachable")
+
+
+@pytest.mark.parametrize("table", _tables.TABLES, ids=lambda t: t.name)
+def test_every_state_reachable_and_can_finish(table: Table) -> None:
+    for state in table.states:
+        _path_to(table, state)
+        # from every state some final state is reachable
+        reach, todo = {state}, [state]
+        while todo:
+            s = todo.pop()
+            for (source, _), target in table.transitions.items():
+                if source == s and target not in reach:
+                    reach.add(target)
+                    todo.append(target)
+        assert reach & table.finals, f"{table.name}: {state} cannot reach a final state"
+
+
+@pytest.mark.parametrize("table", _tables.TABLES, ids=lambda t: t.name)
+def test_final_states_accept_nothing(table: Table) -> None:
+    for state in table.finals:
+        assert not [e for (s, e) in table.transitions if s == state]
+
+
+def test_design_table_states_and_events() -> None:
+    """States and events exactly as DESIGN.md's table."""
+    expected = {
+        "ToolCall": ("started streaming issued running settled cancelled failed",
+                     "delta complete abandon allow decline progress finish interrupt",
+                     "settled cancelled failed"),
+        "Turn": ("generating awaiting interrupting finished interrupted failed",
+                 "step_done next_step finish interrupt unwound error",
+                 "finished interrupted failed"),
+        "Session": ("handshaking open detached closed", "accept drop resume expire close",
+                    "closed"),
+        "Connection": ("connecting open reconnecting closed", "welcome lost resumed close",
+                       "closed"),
+        "AppCall": ("received queued running answered aborted",
+                    "admit stale begin answer abort", "answered aborted"),
+        "CallView": ("started streaming issued settled cancelled failed",
+                     "delta complete progress settle cancel fail", "settled cancelled failed"),
+    }
+    for table in _tables.TABLES:
+        states, events, finals = expected[table.name]
+        assert set(table.states) == set(states.split()), table.name
+        assert set(table.events) == set(events.split()), table.name
+        assert table.finals == frozenset(finals.split()), table.name
+
+
+def test_illegal_event_raises_in_both_modes() -> None:
+    for machine in (Machine(_tables.TOOL_CALL), StrictMachine(_tables.TOOL_CALL)):
+        machine.send("complete")
+        with pytest.raises(vrt.InvalidTransition, match="'delta' is not allowed in state"):
+            machine.send("delta")
+        assert machine.state == "issued"
+        machine.send("interrupt")
+        assert machine.final
+        with pytest.raises(vrt.InvalidTransition):
+            machine.send("finish")
+
+
+def test_strict_machine_runs_the_library() -> None:
+    machine = StrictMachine(_tables.TURN)
+    machine.send("step_done")
+    assert machine.state == "awaiting"
+    assert set(machine.chart.configuration_values) == {"awaiting"}
+
+
+def test_library_defaults_are_overridden() -> None:
+    for chart in machines.ALL:
+        assert chart.allow_event_without_transition is False
+        assert chart.catch_errors_as_events is False
