@@ -7,10 +7,12 @@ exception propagates to the caller. Machines carry no callbacks, guards or I/O: 
 transition relation and nothing else, which is what lets :mod:`vrt._tables` compile them.
 """
 
+from typing import Any
+
 from statemachine import StateChart
 
 
-class VrtChart(StateChart):  # type: ignore[misc]
+class VrtChart(StateChart[Any]):
     """Strict base: unknown or disallowed events raise, errors are never swallowed."""
 
     allow_event_without_transition = False

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 import vrt
@@ -61,7 +62,7 @@ def phase(call_id: str, wanted: vrt.Phase) -> Any:
 
 
 async def test_ok_streamed_with_progress() -> None:
-    result, log, session = await run_turn(
+    result, log, _session = await run_turn(
         agent([vrt.say("Checking."), vrt.call("weather", {"city": "Paris"}, chunks=3)])
     )
     assert result.status == "finished"
@@ -131,7 +132,7 @@ async def test_invalid_arguments_never_run(arguments: Any, message: str) -> None
     assert message in (res.message or "")
     assert ran == []
     assert stream_of(log, "call_1")[-1] == P.SETTLED
-    settled = [e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED][0]
+    settled = next(e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED)
     assert (settled.ok, settled.code) == (False, vrt.ResultCode.INVALID)
     assert_stream_valid(log)
 
@@ -211,7 +212,8 @@ async def test_failed_has_message_without_traceback() -> None:
 async def test_unknown_tool_fails() -> None:
     result, log, _ = await run_turn(agent([vrt.call("teleport", {})]))
     res = result.calls[0].result
-    assert (res.code, res.message) == (vrt.ResultCode.FAILED, "no tool named 'teleport' is available")
+    assert res.code == vrt.ResultCode.FAILED
+    assert res.message == "no tool named 'teleport' is available"
     assert stream_of(log, "call_1") == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_COMPLETE, P.SETTLED]
 
 
@@ -245,7 +247,7 @@ async def test_model_stopped_before_completing_arguments() -> None:
         vrt.ResultCode.FAILED, "the model stopped before completing the arguments"
     )
     assert stream_of(log, "call_1") == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_DELTA, P.FAILED]
-    failed = [e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.FAILED][0]
+    failed = next(e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.FAILED)
     assert failed.message == res.message
     assert_stream_valid(log)
 
@@ -258,7 +260,7 @@ async def test_hook_reject_rewrite_allow() -> None:
 
     async def hook(info: vrt.CallInfo) -> Any:
         seen.append(info)
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         city = info.arguments["city"]
         if city == "Mordor":
             return vrt.Reject("one does not simply")
@@ -405,7 +407,7 @@ async def test_interrupted_while_queued() -> None:
     async def hook(info: vrt.CallInfo) -> Any:
         hooked.append(info.call_id)
         holder[0].interrupt()  # the first call's hook interrupts: the second is still queued
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
 
     ag = agent([vrt.call("weather", {"city": "a"}), vrt.call("weather", {"city": "b"})],
                before_tool_call=hook)
@@ -623,7 +625,7 @@ async def test_results_fed_back_to_next_step() -> None:
 
 async def test_max_steps() -> None:
     ag = agent(*[[vrt.call("nothing", {"city": "x"})]] * 5, tools=[nothing], max_steps=3)
-    result, _, session = await run_turn(ag)
+    result, _, _session = await run_turn(ag)
     assert result.status == "finished"
     assert len(result.calls) == 3
 

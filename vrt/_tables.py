@@ -31,13 +31,14 @@ class Table:
 
     def __init__(self, chart: type[VrtChart]) -> None:
         self.chart = chart
+        spec: Any = chart  # the library's class-level attributes are not typed
         self.name: str = chart.__name__
-        self.states: tuple[str, ...] = tuple(s.id for s in chart.states)
-        self.events: tuple[str, ...] = tuple(e.id for e in chart.events)
-        self.initial: str = next(s.id for s in chart.states if s.initial)
-        self.finals: frozenset[str] = frozenset(s.id for s in chart.states if s.final)
+        self.states: tuple[str, ...] = tuple(s.id for s in spec.states)
+        self.events: tuple[str, ...] = tuple(e.id for e in spec.events)
+        self.initial: str = next(s.id for s in spec.states if s.initial)
+        self.finals: frozenset[str] = frozenset(s.id for s in spec.states if s.final)
         self.transitions: dict[tuple[str, str], str] = {}
-        for state in chart.states:
+        for state in spec.states:
             for transition in state.transitions:
                 for event in transition.events:
                     key = (state.id, event.id)

@@ -79,7 +79,7 @@ def server_tool(
 
     def wrap(run: RunFn) -> ServerTool:
         return ServerTool(
-            name=name or getattr(run, "__name__", ""),
+            name=name or str(getattr(run, "__name__", "")),
             description=description if description is not None else _doc(run),
             parameters=parameters if parameters is not None else dict(EMPTY_PARAMETERS),
             risk=risk,
@@ -101,7 +101,7 @@ def app_tool(
 
     def wrap(run: AppRunFn) -> AppTool:
         return AppTool(
-            name=name or getattr(run, "__name__", ""),
+            name=name or str(getattr(run, "__name__", "")),
             description=description if description is not None else _doc(run),
             parameters=parameters if parameters is not None else dict(EMPTY_PARAMETERS),
             run=run,
@@ -262,4 +262,5 @@ def validate_arguments(args: Any, schema: dict[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(args, dict):
         raise InvalidArguments("arguments must be a JSON object")
-    return schema_validator(schema)(args)
+    checked: dict[str, Any] = schema_validator(schema)(args)
+    return checked

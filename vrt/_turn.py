@@ -162,25 +162,24 @@ class Turn:
         )
         async with closing:
             async for event in stream:
-                kind = type(event)
-                if kind is CallDelta:
+                if isinstance(event, CallDelta):
                     call = calls.get(event.call_id)
                     if call is None:
                         raise ModelError(f"delta for unknown call {event.call_id!r}")
                     call.delta(event.delta)
-                elif kind is CallStart:
+                elif isinstance(event, CallStart):
                     if session.seen_call_id(event.call_id):
                         raise ModelError(f"call id {event.call_id!r} was already used")
                     call = Call(self, event.call_id, event.name)
                     self._calls.append(call)
                     calls[call.call_id] = call
-                elif kind is CallEnd:
+                elif isinstance(event, CallEnd):
                     call = calls.get(event.call_id)
                     if call is None:
                         raise ModelError(f"end of unknown call {event.call_id!r}")
                     call.complete(event.arguments)
                     nursery.start_soon(call.run)
-                elif kind is Text:
+                elif isinstance(event, Text):
                     self._text.append(event.text)
                     if session.subscribers:
                         session.emit(TextDelta(turn_id=self.turn_id, text=event.text))

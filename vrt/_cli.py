@@ -1,0 +1,59 @@
+"""The ``vrt`` command line (also ``python -m vrt``)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+import trio
+
+import vrt
+from vrt._demo import FAST, run_demo
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``vrt`` command line with ``argv`` (default: ``sys.argv[1:]``).
+
+    Returns the exit status; argparse exits with status 2 on a usage error.
+    """
+    args = _parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130  # the shell's convention for SIGINT
+
+
+def _parser() -> argparse.ArgumentParser:
+    # prog is fixed so that "python -m vrt" reads the same as the console script.
+    parser = argparse.ArgumentParser(
+        prog="vrt", description="trio-vrt: the tool-calling engine of a realtime voice agent."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {vrt.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo", help="play a scripted conversation and print its events as they happen",
+        description="Play a scripted conversation in process (no network) and print a "
+        "timeline of its events as they arrive: a streamed call with progress, a rejected "
+        "high-risk call, an invalid call and an interrupted turn. Exits 1 if the run did "
+        "not tell that story with a valid event stream.",
+    )
+    demo.add_argument(
+        "--fast", action="store_true", help=f"scale every delay by {FAST:g} (for tests)"
+    )
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    color = out.isatty() and "NO_COLOR" not in os.environ
+    scale = FAST if args.fast else 1.0
+    outcome = trio.run(functools.partial(run_demo, out, scale=scale, color=color))
+    return 0 if outcome.ok else 1
