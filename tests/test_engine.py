@@ -712,3 +712,16 @@ async def test_each_session_plays_the_script_from_the_start() -> None:
     for _ in range(2):
         result, _, _ = await run_turn(ag)
         assert [c.call_id for c in result.calls] == ["call_1"]
+
+
+async def test_a_subscriber_that_leaves_does_not_disturb_others() -> None:
+    ag = agent([vrt.call("weather", {"city": "x"})])
+    async with vrt.open_session(ag) as session:
+        async with session.subscribe() as early, session.subscribe() as late:
+            await early.aclose()  # the app closed its receiving end without leaving
+            result = await (await session.start_turn("go")).wait()
+            log = drain(late)
+    assert result.status == "finished"
+    assert_stream_valid(log)
+    assert isinstance(log[-1], vrt.TurnEnded)
+    assert session.subscribers == []

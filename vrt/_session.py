@@ -65,10 +65,14 @@ class Session:
 
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to every subscriber, synchronously."""
+        gone = None
         for channel in self.subscribers:
             try:
                 channel.send_nowait(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                gone = [*(gone or ()), channel]  # the subscriber closed its end
+        if gone:
+            for channel in gone:
                 self.subscribers.remove(channel)
 
     async def start_turn(self, text: str) -> Turn:
