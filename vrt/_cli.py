@@ -25,8 +25,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args)
-    except KeyboardInterrupt:
-        return 130  # the shell's convention for SIGINT
+    except* KeyboardInterrupt:
+        # Ctrl-C: Trio's nurseries deliver it inside an exception group; the session has
+        # closed on the way out, so exit quietly.
+        pass
+    return 130  # the shell's convention for SIGINT
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
-        "demo", help="play a scripted conversation and print its events as they happen",
+        "demo",
+        help="play a scripted conversation and print its events as they happen",
         description="Play a scripted conversation in process (no network) and print a "
         "timeline of its events as they arrive: a streamed call with progress, a rejected "
         "high-risk call, an invalid call and an interrupted turn. Exits 1 if the run did "

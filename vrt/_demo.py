@@ -76,10 +76,9 @@ async def run_demo(out: TextIO, *, scale: float = 1.0, color: bool = False) -> O
     and the run stops where it was.
     """
     timeline = Timeline(out, color=color)
-    running = trio.Event()
     agent = vrt.define_agent(
         model=_PacedModel(_script(scale), delta_delay=0.04 * scale),
-        tools=_tools(scale, running),
+        tools=_tools(scale),
         before_tool_call=reject_high_risk,
         instructions="You are a travel assistant.",
     )
@@ -89,18 +88,18 @@ async def run_demo(out: TextIO, *, scale: float = 1.0, color: bool = False) -> O
     async with trio.open_nursery() as nursery:
         async with vrt.open_session(agent) as session:
             await nursery.start(timeline.follow, session)
-            results = await _play(session, timeline, scale, running)
+            results = await _play(session, timeline, scale)
     problems = _check(results, timeline.events)
     timeline.summary(results, problems)
     return Outcome(
-        results=tuple(results), events=len(timeline.events), previews=timeline.previews,
+        results=tuple(results),
+        events=len(timeline.events),
+        previews=timeline.previews,
         problems=problems,
     )
 
 
-async def _play(
-    session: vrt.Session, timeline: Timeline, scale: float, running: trio.Event
-) -> list[vrt.TurnResult]:
+async def _play(session: vrt.Session, timeline: Timeline, scale: float) -> list[vrt.TurnResult]:
     """The user's side: three turns played to their end, then one interrupted."""
     results = []
     for text in _USER[:-1]:
@@ -109,13 +108,13 @@ async def _play(
         turn = await session.start_turn(text)
         results.append(await turn.wait())
         await trio.sleep(0.2 * scale)  # the user takes a breath between turns
+    # Barge in while the export runs and the email's arguments are half streamed. Waiting
+    # for what the timeline showed, not for a timer, tells the same story on a loaded machine.
+    halfway = timeline.when_shown("email_itinerary", vrt.Phase.ARGUMENTS_DELTA, count=4)
     await timeline.caught_up()
     timeline.note("user", json.dumps(_USER[-1]))
     turn = await session.start_turn(_USER[-1])
-    # Barge in a little after the slow tool started, while the model is still streaming
-    # the second call's arguments.
-    await running.wait()
-    await trio.sleep(0.43 * scale)
+    await halfway.wait()
     await timeline.caught_up()
     timeline.note("user", f"{json.dumps(_BARGE_IN)}  -> turn.interrupt()")
     turn.interrupt()
@@ -149,13 +148,17 @@ async def reject_high_risk(info: vrt.CallInfo) -> vrt.Reject | None:
     return None
 
 
-def _tools(scale: float, running: trio.Event) -> list[vrt.ServerTool]:
+def _tools(scale: float) -> list[vrt.ServerTool]:
     @vrt.server_tool(
-        risk="low", description="Search flights for a day",
+        risk="low",
+        description="Search flights for a day",
         parameters={
             "type": "object",
-            "properties": {"origin": {"type": "string"}, "destination": {"type": "string"},
-                           "date": {"type": "string"}},
+            "properties": {
+                "origin": {"type": "string"},
+                "destination": {"type": "string"},
+                "date": {"type": "string"},
+            },
             "required": ["origin", "destination", "date"],
         },
     )
@@ -167,7 +170,8 @@ def _tools(scale: float, running: trio.Event) -> list[vrt.ServerTool]:
         return {"flights": 3, "cheapest": {"airline": "SAS", "price_eur": 189}}
 
     @vrt.server_tool(
-        risk="high", description="Book and pay for a flight",
+        risk="high",
+        description="Book and pay for a flight",
         parameters={
             "type": "object",
             "properties": {"flight": {"type": "string"}, "price_eur": {"type": "number"}},
@@ -178,7 +182,8 @@ def _tools(scale: float, running: trio.Event) -> list[vrt.ServerTool]:
         return {"booking": "never made: the hook rejects this call"}
 
     @vrt.server_tool(
-        risk="medium", description="Choose a seat, as row and letter (12A)",
+        risk="medium",
+        description="Choose a seat, as row and letter (12A)",
         parameters={
             "type": "object",
             "properties": {"seat": {"type": "string", "pattern": "^[1-9][0-9]?[A-F]$"}},
@@ -189,11 +194,11 @@ def _tools(scale: float, running: trio.Event) -> list[vrt.ServerTool]:
         return {"seat": args["seat"]}
 
     @vrt.server_tool(
-        risk="low", description="Render the itinerary as a PDF",
+        risk="low",
+        description="Render the itinerary as a PDF",
         parameters={"type": "object", "properties": {"format": {"enum": ["pdf"]}}},
     )
     async def export_itinerary(args: dict[str, Any], ctx: vrt.ToolContext) -> Any:
-        running.set()
         pages = 8
         for page in range(1, pages + 1):
             ctx.emit({"page": page, "of": pages})
@@ -201,11 +206,15 @@ def _tools(scale: float, running: trio.Event) -> list[vrt.ServerTool]:
         return {"file": "itinerary.pdf"}
 
     @vrt.server_tool(
-        risk="medium", description="Email a file to the user",
+        risk="medium",
+        description="Email a file to the user",
         parameters={
             "type": "object",
-            "properties": {"to": {"type": "string"}, "subject": {"type": "string"},
-                           "attachment": {"type": "string"}},
+            "properties": {
+                "to": {"type": "string"},
+                "subject": {"type": "string"},
+                "attachment": {"type": "string"},
+            },
             "required": ["to", "subject"],
         },
     )
@@ -222,28 +231,52 @@ def _script(scale: float) -> vrt.ScriptedModel:
     def pause(seconds: float) -> Any:
         return vrt.pause(seconds * scale)
 
-    return vrt.ScriptedModel([
-        # turn 1: streamed arguments, progress, ok
-        [vrt.say("Let me look for flights."), pause(0.3),
-         vrt.call("search_flights",
-                  {"origin": "LIS", "destination": "OSL", "date": "Friday"}, chunks=6)],
-        [pause(0.25), vrt.say("I found 3 flights; the cheapest is SAS at 189 EUR.")],
-        # turn 2: high risk, rejected by the hook
-        [vrt.say("Booking the SAS flight."), pause(0.2),
-         vrt.call("book_flight", {"flight": "SK1822", "price_eur": 189}, chunks=3)],
-        [pause(0.2), vrt.say("I can't book it without your confirmation. Shall I?")],
-        # turn 3: arguments that fail the schema
-        [vrt.say("Choosing your seat."), pause(0.2),
-         vrt.call("choose_seat", {"seat": "by the window"}, chunks=3)],
-        [pause(0.2), vrt.say("Which seat exactly? Give me a row and a letter, like 12A.")],
-        # turn 4: a slow tool runs while a second call streams; the user interrupts
-        [vrt.say("Exporting your itinerary, then I'll email it."), pause(0.2),
-         vrt.call("export_itinerary", {"format": "pdf"}, chunks=3), pause(0.25),
-         vrt.call("email_itinerary",
-                  {"to": "you@example.com", "subject": "Your trip to Oslo",
-                   "attachment": "itinerary.pdf"}, chunks=8)],
-        [vrt.say("Done: the itinerary is in your inbox.")],  # never reached
-    ])
+    return vrt.ScriptedModel(
+        [
+            # turn 1: streamed arguments, progress, ok
+            [
+                vrt.say("Let me look for flights."),
+                pause(0.3),
+                vrt.call(
+                    "search_flights",
+                    {"origin": "LIS", "destination": "OSL", "date": "Friday"},
+                    chunks=6,
+                ),
+            ],
+            [pause(0.25), vrt.say("I found 3 flights; the cheapest is SAS at 189 EUR.")],
+            # turn 2: high risk, rejected by the hook
+            [
+                vrt.say("Booking the SAS flight."),
+                pause(0.2),
+                vrt.call("book_flight", {"flight": "SK1822", "price_eur": 189}, chunks=3),
+            ],
+            [pause(0.2), vrt.say("I can't book it without your confirmation. Shall I?")],
+            # turn 3: arguments that fail the schema
+            [
+                vrt.say("Choosing your seat."),
+                pause(0.2),
+                vrt.call("choose_seat", {"seat": "by the window"}, chunks=3),
+            ],
+            [pause(0.2), vrt.say("Which seat exactly? Give me a row and a letter, like 12A.")],
+            # turn 4: a slow tool runs while a second call streams; the user interrupts
+            [
+                vrt.say("Exporting your itinerary, then I'll email it."),
+                pause(0.2),
+                vrt.call("export_itinerary", {"format": "pdf"}, chunks=3),
+                pause(0.25),
+                vrt.call(
+                    "email_itinerary",
+                    {
+                        "to": "you@example.com",
+                        "subject": "Your trip to Oslo",
+                        "attachment": "itinerary.pdf",
+                    },
+                    chunks=8,
+                ),
+            ],
+            [vrt.say("Done: the itinerary is in your inbox.")],  # never reached
+        ]
+    )
 
 
 class _PacedModel:
@@ -271,8 +304,21 @@ class _PacedModel:
 
 
 _STYLES: Final = {
-    "dim": "2", "bold": "1", "green": "32", "red": "31", "yellow": "33", "cyan": "36",
+    "dim": "2",
+    "bold": "1",
+    "green": "32",
+    "red": "31",
+    "yellow": "33",
+    "cyan": "36",
 }
+
+
+@attrs.define(kw_only=True)
+class _Watch:
+    name: str
+    phase: vrt.Phase
+    left: int
+    done: trio.Event
 
 
 class Timeline:
@@ -285,6 +331,7 @@ class Timeline:
         self.events: list[vrt.Event] = []
         self.previews = 0
         self._channel: trio.MemoryReceiveChannel[vrt.Event] | None = None
+        self._watches: list[_Watch] = []
 
     async def follow(
         self, session: vrt.Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -316,22 +363,35 @@ class Timeline:
                 return
             await trio.lowlevel.checkpoint()
 
+    def when_shown(self, name: str, phase: vrt.Phase, *, count: int = 1) -> trio.Event:
+        """An event set once ``count`` stream events of ``phase`` for calls of the tool
+        ``name`` have been printed."""
+        watch = _Watch(name=name, phase=phase, left=count, done=trio.Event())
+        self._watches.append(watch)
+        return watch.done
+
     def show(self, event: vrt.Event) -> None:
         """Print one event (tool previews are only counted)."""
         if isinstance(event, vrt.ToolPreview):
             self.previews += 1
         elif isinstance(event, vrt.ToolStream):
             self._line(event.turn_id, event.call_id, self._call(event))
+            for watch in self._watches:
+                if watch.name == event.name and watch.phase == event.phase:
+                    watch.left -= 1
+                    if watch.left == 0:
+                        watch.done.set()
         elif isinstance(event, vrt.TextDelta):
             self._line(event.turn_id, "agent", self._paint(json.dumps(event.text), "cyan"))
         elif isinstance(event, vrt.TurnStarted):
-            self._line(event.turn_id, "turn", self._paint(f"started (epoch {event.epoch})",
-                                                          "bold"))
+            self._line(event.turn_id, "turn", self._paint(f"started (epoch {event.epoch})", "bold"))
         elif isinstance(event, vrt.TurnEnded):
             style = "bold" if event.reason == "finished" else "yellow"
-            self._line(event.turn_id, "turn", self._paint(
-                f"ended {event.reason} (epoch now {event.epoch})", style
-            ))
+            self._line(
+                event.turn_id,
+                "turn",
+                self._paint(f"ended {event.reason} (epoch now {event.epoch})", style),
+            )
         elif isinstance(event, vrt.Closed):
             self._line("", "session", f"closed ({event.reason})")
         else:  # a new event type: still show it rather than drop it silently
@@ -343,9 +403,9 @@ class Timeline:
         if phase is vrt.Phase.ARGUMENTS_DELTA:
             return f"{head} {self._paint(repr(event.delta), 'dim')}"
         if phase is vrt.Phase.ARGUMENTS_COMPLETE:
-            return f"{head} {_short(json.dumps(event.arguments))}"
+            return f"{head} {_short(_json(event.arguments))}"
         if phase is vrt.Phase.PROGRESS:
-            return f"{head} {_short(json.dumps(event.progress))}"
+            return f"{head} {_short(_json(event.progress))}"
         if phase is vrt.Phase.SETTLED:
             if event.ok:
                 return f"{head} {self._paint('ok', 'green')}"
@@ -371,8 +431,11 @@ class Timeline:
         for result in results:
             calls = ", ".join(
                 f"{c.call_id} {c.name} "
-                + (self._paint("ok", "green") if c.result.ok
-                   else self._paint(str(c.result.code), "red"))
+                + (
+                    self._paint("ok", "green")
+                    if c.result.ok
+                    else self._paint(str(c.result.code), "red")
+                )
                 for c in result.calls
             )
             self._write(f"  {result.turn_id:<4} {result.status:<12} {calls}")
@@ -399,6 +462,11 @@ class Timeline:
         if not self.color:
             return text
         return f"\x1b[{_STYLES[style]}m{text}\x1b[0m"
+
+
+def _json(value: Any) -> str:
+    # Progress is application data: show what is not JSON rather than fail the timeline.
+    return json.dumps(value, default=repr)
 
 
 def _short(text: str, limit: int = 72) -> str:

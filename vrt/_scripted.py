@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import attrs
@@ -103,7 +103,7 @@ class ScriptedModel:
                     raise TypeError(f"a script step holds say/call/pause items, not {item!r}")
         self._cursors: dict[str, list[int]] = {}  # session id -> [next step, call count]
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Stream the next scripted step for the request's session."""
         cursor = self._cursors.setdefault(request.session_id, [0, 0])
         index = cursor[0]
