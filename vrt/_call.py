@@ -60,16 +60,17 @@ class Call:
 
     def complete(self, arguments: Any) -> None:
         """The arguments are complete: parse them (or take them as given) and issue the call."""
-        self.machine.send("complete")
         if arguments is None or isinstance(arguments, str):
-            self.text = "".join(self.fragments) if arguments is None else arguments
+            text = "".join(self.fragments) if arguments is None else arguments
             try:
-                self.arguments = json.loads(self.text)
+                parsed = json.loads(text)
             except ValueError:
-                self.arguments = self.text  # kept raw; validation answers INVALID
+                parsed = text  # kept raw; validation answers INVALID
         else:
-            self.arguments = arguments
-            self.text = json.dumps(arguments)
+            text = json.dumps(arguments)  # raises (a model error) before the machine moves
+            parsed = arguments
+        self.machine.send("complete")
+        self.text, self.arguments = text, parsed
         self.fragments = []
         self._emit(Phase.ARGUMENTS_COMPLETE, arguments=self.arguments)
 
@@ -95,16 +96,12 @@ class Call:
         # before its hook: the scope is already cancelled.
         await trio.lowlevel.checkpoint_if_cancelled()
         registered = self.tool
-        if registered is None:
-            self._settle("decline", ToolResult.failure(
-                ResultCode.FAILED, f"no tool named {self.name!r} is available"
-            ))
-            return
         hook = self.turn.session.agent.before_tool_call
-        if hook is not None:
+        if hook is not None:  # every call passes the hook first, even one nobody hosts
             info = CallInfo(
                 call_id=self.call_id, turn_id=self.turn.turn_id, epoch=self.turn.epoch,
-                name=self.name, kind="server", risk=registered.tool.risk,
+                name=self.name, kind="server",
+                risk=registered.tool.risk if registered is not None else None,
                 arguments=self.arguments,
             )
             try:
@@ -127,12 +124,22 @@ class Call:
                     "not Allow, Reject, Rewrite or None",
                 ))
                 return
+        if registered is None:
+            self._settle("decline", ToolResult.failure(
+                ResultCode.FAILED, f"no tool named {self.name!r} is available"
+            ))
+            return
         if not self._send("allow"):
             return
         try:
             value = self._validate(registered)
         except InvalidArguments as exc:
             self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
+            return
+        except Exception as exc:
+            log.exception("validating arguments of call %s raised", self.call_id)
+            self._settle("finish", ToolResult.failure(
+                ResultCode.FAILED, f"validation failed: {_describe(exc)}"))
             return
         self._settle("finish", await self._execute(registered, value))
 
@@ -154,7 +161,11 @@ class Call:
         try:
             if tool.timeout is None:
                 return ToolResult.success(await tool.run(value, ctx))
-            with trio.move_on_after(tool.timeout):
+            # The signal aborts at the deadline itself, not once the run has unwound, so
+            # committing() refuses a commit that would start after the deadline.
+            deadline = trio.current_time() + tool.timeout
+            self.signal.set_deadline(deadline)
+            with trio.move_on_at(deadline):
                 return ToolResult.success(await tool.run(value, ctx))
             self.signal.abort("timeout")
             return ToolResult.failure(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,17 +15,34 @@ from vrt._errors import CallAborted
 class Signal:
     """Mirrors the reference's AbortSignal: ``aborted``, ``reason``, ``await wait()``.
 
-    It aborts when the call's turn is interrupted (reason ``"interrupted"``) or the call
-    timed out (``"timeout"``). The task is cancelled at its next checkpoint as well; the
-    signal is for code between checkpoints and right before committing.
+    It aborts when the call's turn is interrupted (reason ``"interrupted"``) or at the
+    call's timeout deadline (``"timeout"``). The task is cancelled at its next checkpoint as
+    well; the signal is for code between checkpoints and right before committing.
     """
 
-    __slots__ = ("_event", "aborted", "reason")
+    __slots__ = ("_aborted", "_deadline", "_event", "_reason")
 
     def __init__(self) -> None:
-        self.aborted = False
-        self.reason: str | None = None
+        self._aborted = False
+        self._reason: str | None = None
+        self._deadline: float | None = None
         self._event: trio.Event | None = None
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the call should stop: its turn was interrupted or its deadline passed."""
+        if (
+            not self._aborted
+            and self._deadline is not None
+            and trio.current_time() >= self._deadline
+        ):
+            self.abort("timeout")
+        return self._aborted
+
+    @property
+    def reason(self) -> str | None:
+        """``"interrupted"`` or ``"timeout"`` once aborted, else None."""
+        return self._reason if self.aborted else None
 
     async def wait(self) -> None:
         """Return once the signal has aborted. Cancellable like any Trio wait."""
@@ -33,16 +51,22 @@ class Signal:
             return
         if self._event is None:
             self._event = trio.Event()
-        await self._event.wait()
+        with trio.move_on_at(self._deadline if self._deadline is not None else math.inf):
+            await self._event.wait()
+        self.abort("timeout")  # no-op if the event fired first
 
     def abort(self, reason: str) -> None:
         """Abort (idempotent: the first reason stays)."""
-        if self.aborted:
+        if self._aborted:
             return
-        self.aborted = True
-        self.reason = reason
+        self._aborted = True
+        self._reason = reason
         if self._event is not None:
             self._event.set()
+
+    def set_deadline(self, deadline: float) -> None:
+        """Abort with reason ``"timeout"`` from ``deadline`` (Trio time) on."""
+        self._deadline = deadline
 
     def __repr__(self) -> str:
         return f"<Signal aborted={self.aborted} reason={self.reason!r}>"

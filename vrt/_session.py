@@ -53,6 +53,8 @@ class Session:
         that stops reading holds memory until it leaves the ``async with``. The last event
         is :class:`~vrt.Closed`, after which the iteration ends.
         """
+        if self._machine.final:
+            raise SessionClosed("the session is closed")
         send, receive = trio.open_memory_channel[Event](math.inf)
         self.subscribers.append(send)
         try:
@@ -115,6 +117,10 @@ class Session:
         self._machine.send("close")
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+        self._turn = None
+        forget = getattr(self.agent.model, "forget", None)  # e.g. ScriptedModel's cursors
+        if callable(forget):
+            forget(self.session_id)
         self.emit(Closed(reason=reason))
         for channel in self.subscribers:
             channel.close()
@@ -165,10 +171,17 @@ async def open_session(agent: Agent) -> AsyncIterator[Session]:
     :class:`~vrt.SessionClosed`, and subscribers receive :class:`~vrt.Closed`. If the body
     is cancelled, the same happens.
     """
-    async with trio.open_nursery() as nursery:
-        session = Session(agent, f"s_{secrets.token_hex(8)}")
-        await nursery.start(session.host)
-        try:
-            yield session
-        finally:
-            session.close("client")
+    try:
+        async with trio.open_nursery() as nursery:
+            session = Session(agent, f"s_{secrets.token_hex(8)}")
+            await nursery.start(session.host)
+            try:
+                yield session
+            finally:
+                session.close("client")
+    except BaseExceptionGroup as group:
+        # The host task never raises, so a lone exception is the body's own: give it back
+        # unwrapped, as the caller raised it (trio-websocket does the same).
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

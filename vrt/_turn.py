@@ -98,8 +98,18 @@ class Turn:
         message: str | None = None
         try:
             with self._scope:
-                async with trio.open_nursery() as nursery:
-                    message = await self._loop(nursery)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        message = await self._loop(nursery)
+                except BaseExceptionGroup as group:
+                    if not (self._scope.cancel_called or self.session.state == "closed"):
+                        raise
+                    cancelled, rest = group.split(trio.Cancelled)
+                    if rest is not None:  # cleanup errors of cancelled calls: results are set
+                        log.warning("turn %s: errors while unwinding an interrupt: %r",
+                                    self.turn_id, rest)
+                    if cancelled is not None:
+                        raise cancelled from None  # this scope (or the session's) catches it
         except Exception as exc:  # an engine bug, not a tool's or the model's error
             log.exception("turn %s failed", self.turn_id)
             message = f"internal error: {_describe(exc)}"
@@ -109,6 +119,7 @@ class Turn:
                 self._machine.send("error")
         except BaseException:
             self._ended.set()  # session closed: wait() raises SessionClosed
+            self._calls, self._open = [], {}  # the calls never get results; hold nothing
             raise
         if self._machine.state == "interrupting":
             self._machine.send("unwound")
@@ -120,6 +131,7 @@ class Turn:
         while True:
             step += 1
             first = len(self._calls)
+            await trio.lowlevel.checkpoint_if_cancelled()  # no model request after an interrupt
             try:
                 await self._stream_step(step, nursery)
             except Exception as exc:
@@ -162,10 +174,15 @@ class Turn:
         )
         async with closing:
             async for event in stream:
+                # an interrupt may land while the model's await had already completed; the
+                # model can then yield buffered events without a checkpoint: drop them
+                await trio.lowlevel.checkpoint_if_cancelled()
                 if isinstance(event, CallDelta):
                     call = calls.get(event.call_id)
                     if call is None:
                         raise ModelError(f"delta for unknown call {event.call_id!r}")
+                    if not isinstance(event.delta, str):
+                        raise ModelError(f"delta for call {event.call_id!r} is not a str")
                     call.delta(event.delta)
                 elif isinstance(event, CallStart):
                     if session.seen_call_id(event.call_id):
@@ -210,6 +227,10 @@ class Turn:
 
     def _finish(self, message: str | None) -> None:
         status: TurnStatus = self._machine.state  # type: ignore[assignment]
+        for call in list(self._open.values()):  # unreachable unless the engine has a bug
+            log.error("turn %s ended with call %s still %s", self.turn_id, call.call_id,
+                      call.machine.state)
+            call.interrupt("the turn ended before the call had a result")
         self._flush_step()
         if status == "interrupted":
             self.session.history.append(TurnInterrupted(turn_id=self.turn_id))
