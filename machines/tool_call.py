@@ -41,6 +41,8 @@ class ToolCall(VrtChart):
     progress = running.to.itself()
     finish = running.to(settled)
     interrupt = (
-        started.to(cancelled) | streaming.to(cancelled) | issued.to(cancelled)
+        started.to(cancelled)
+        | streaming.to(cancelled)
+        | issued.to(cancelled)
         | running.to(cancelled)
     )

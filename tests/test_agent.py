@@ -29,8 +29,10 @@ def server(**kw: Any) -> vrt.ServerTool:
         ([server(risk=None)], "server tool 't' declares no risk"),
         ([server(risk="extreme")], "risk must be 'low', 'medium' or 'high'"),
         ([server(parameters={"type": "objekt"})], "parameters is not a valid JSON Schema at type"),
-        ([server(parameters={"type": "object", "properties": {"a": {"minLength": -1}}})],
-         "not a valid JSON Schema at properties/a/minLength"),
+        (
+            [server(parameters={"type": "object", "properties": {"a": {"minLength": -1}}})],
+            "not a valid JSON Schema at properties/a/minLength",
+        ),
         ([server(parameters=[])], "parameters must be a JSON Schema object"),
         ([server(parameters={"type": "string"})], "parameters must describe an object"),
         ([server(), server()], "two server tools are named 't'"),
@@ -94,8 +96,13 @@ def test_decorator_defaults_and_specs() -> None:
     agent = vrt.define_agent(model=model(), tools=[weather], instructions="hi")
     assert weather.description == "Weather now."
     assert weather.parameters == {"type": "object", "properties": {}}
-    assert agent.specs == (vrt.ToolSpec(name="weather", description="Weather now.",
-                                        parameters={"type": "object", "properties": {}}),)
+    assert agent.specs == (
+        vrt.ToolSpec(
+            name="weather",
+            description="Weather now.",
+            parameters={"type": "object", "properties": {}},
+        ),
+    )
 
 
 def test_validate_arguments_helper() -> None:
@@ -108,6 +115,11 @@ def test_validate_arguments_helper() -> None:
 
 
 def test_errors_share_one_root() -> None:
-    for error in (vrt.DefinitionError, vrt.InvalidTransition, vrt.InvalidArguments,
-                  vrt.CallAborted, vrt.SessionClosed):
+    for error in (
+        vrt.DefinitionError,
+        vrt.InvalidTransition,
+        vrt.InvalidArguments,
+        vrt.CallAborted,
+        vrt.SessionClosed,
+    ):
         assert issubclass(error, vrt.VrtError)

@@ -17,8 +17,12 @@ from vrt import models
 from vrt.testing import assert_stream_valid
 
 P = vrt.Phase
-CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-        "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def tool(name: str = "weather", risk: str = "low", **kw: Any) -> Any:
@@ -70,8 +74,13 @@ async def test_ok_streamed_with_progress() -> None:
     assert record.result == vrt.ToolResult(ok=True, output={"city": "Paris", "temp_c": 21})
     assert record.arguments == {"city": "Paris"} and record.kind == "server"
     assert stream_of(log, "call_1") == [
-        P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_DELTA, P.ARGUMENTS_DELTA,
-        P.ARGUMENTS_COMPLETE, P.PROGRESS, P.SETTLED,
+        P.START,
+        P.ARGUMENTS_DELTA,
+        P.ARGUMENTS_DELTA,
+        P.ARGUMENTS_DELTA,
+        P.ARGUMENTS_COMPLETE,
+        P.PROGRESS,
+        P.SETTLED,
     ]
     streams = [e for e in log if isinstance(e, vrt.ToolStream)]
     assert "".join(e.delta for e in streams if e.phase == P.ARGUMENTS_DELTA) == '{"city": "Paris"}'
@@ -87,8 +96,12 @@ async def test_preview_alongside_every_phase() -> None:
     previews = [e for e in log if isinstance(e, vrt.ToolPreview)]
     streams = [e for e in log if isinstance(e, vrt.ToolStream)]
     assert len(previews) == len(streams)
-    assert [p.arguments for p in previews[:4]] == ["", '{"city":', '{"city": "Oslo"}',
-                                                   '{"city": "Oslo"}']
+    assert [p.arguments for p in previews[:4]] == [
+        "",
+        '{"city":',
+        '{"city": "Oslo"}',
+        '{"city": "Oslo"}',
+    ]
     assert [p.complete for p in previews] == [False, False, False, True, True, True]
     # every preview directly follows its stream event
     for i, e in enumerate(log):
@@ -125,8 +138,9 @@ async def test_invalid_arguments_never_run(arguments: Any, message: str) -> None
     async def weather(args: Any, ctx: vrt.ToolContext) -> None:
         ran.append(args)
 
-    result, log, _ = await run_turn(agent([vrt.call("weather", arguments, chunks=2)],
-                                          tools=[weather]))
+    result, log, _ = await run_turn(
+        agent([vrt.call("weather", arguments, chunks=2)], tools=[weather])
+    )
     res = result.calls[0].result
     assert (res.ok, res.code) == (False, vrt.ResultCode.INVALID)
     assert message in (res.message or "")
@@ -176,9 +190,9 @@ async def test_validate_kinds(validate: Any) -> None:
 
     ok_args = {"city": "Paris"}
     bad_args = {"city": "nowhere"} if validate is upper or validate is CityP else {"city": 3}
-    result, _, _ = await run_turn(agent(
-        [vrt.call("weather", ok_args), vrt.call("weather", bad_args)], tools=[weather]
-    ))
+    result, _, _ = await run_turn(
+        agent([vrt.call("weather", ok_args), vrt.call("weather", bad_args)], tools=[weather])
+    )
     good, bad = (c.result for c in result.calls)
     assert good.ok
     assert (bad.ok, bad.code) == (False, vrt.ResultCode.INVALID)
@@ -195,8 +209,9 @@ async def test_validate_forbids_extra_keys_with_cattrs() -> None:
     async def weather(args: Any, ctx: vrt.ToolContext) -> None:
         return None
 
-    result, _, _ = await run_turn(agent([vrt.call("weather", {"city": "a", "x": 1})],
-                                        tools=[weather]))
+    result, _, _ = await run_turn(
+        agent([vrt.call("weather", {"city": "a", "x": 1})], tools=[weather])
+    )
     assert result.calls[0].result.code == vrt.ResultCode.INVALID
 
 
@@ -244,7 +259,8 @@ async def test_model_stopped_before_completing_arguments() -> None:
     assert result.status == "finished"
     res = result.calls[0].result
     assert (res.code, res.message) == (
-        vrt.ResultCode.FAILED, "the model stopped before completing the arguments"
+        vrt.ResultCode.FAILED,
+        "the model stopped before completing the arguments",
     )
     assert stream_of(log, "call_1") == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_DELTA, P.FAILED]
     failed = next(e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.FAILED)
@@ -268,20 +284,26 @@ async def test_hook_reject_rewrite_allow() -> None:
             return vrt.Rewrite({"city": "Paris"})
         return vrt.Allow() if city == "Oslo" else None
 
-    result, log, _ = await run_turn(agent(
-        [vrt.call("weather", {"city": c}) for c in ("Mordor", "paris", "Oslo", "Rome")],
-        before_tool_call=hook,
-    ))
+    result, log, _ = await run_turn(
+        agent(
+            [vrt.call("weather", {"city": c}) for c in ("Mordor", "paris", "Oslo", "Rome")],
+            before_tool_call=hook,
+        )
+    )
     codes = [(c.result.ok, c.result.code, c.result.message) for c in result.calls]
     assert codes[0] == (False, vrt.ResultCode.REJECTED, "one does not simply")
     assert all(ok for ok, _, _ in codes[1:])
     assert result.calls[1].result.output["city"] == "Paris"
     assert result.calls[1].arguments == {"city": "Paris"}
-    assert stream_of(log, "call_1") == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_COMPLETE,
-                                        P.SETTLED]
+    assert stream_of(log, "call_1") == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_COMPLETE, P.SETTLED]
     info = next(i for i in seen if i.call_id == "call_1")
     assert (info.call_id, info.turn_id, info.epoch, info.name, info.kind, info.risk) == (
-        "call_1", "t_1", 0, "weather", "server", "low"
+        "call_1",
+        "t_1",
+        0,
+        "weather",
+        "server",
+        "low",
     )
     assert_stream_valid(log)
 
@@ -298,11 +320,13 @@ async def test_hook_that_raises_fails_the_call() -> None:
     async def hook(info: vrt.CallInfo) -> Any:
         raise RuntimeError("policy store offline")
 
-    result, _, _ = await run_turn(agent([vrt.call("weather", {"city": "x"})],
-                                        before_tool_call=hook))
+    result, _, _ = await run_turn(
+        agent([vrt.call("weather", {"city": "x"})], before_tool_call=hook)
+    )
     res = result.calls[0].result
     assert (res.code, res.message) == (
-        vrt.ResultCode.FAILED, "before_tool_call failed: RuntimeError: policy store offline"
+        vrt.ResultCode.FAILED,
+        "before_tool_call failed: RuntimeError: policy store offline",
     )
 
 
@@ -310,8 +334,9 @@ async def test_hook_bad_return_fails_the_call() -> None:
     async def hook(info: vrt.CallInfo) -> Any:
         return True
 
-    result, _, _ = await run_turn(agent([vrt.call("weather", {"city": "x"})],
-                                        before_tool_call=hook))
+    result, _, _ = await run_turn(
+        agent([vrt.call("weather", {"city": "x"})], before_tool_call=hook)
+    )
     assert result.calls[0].result.code == vrt.ResultCode.FAILED
 
 
@@ -389,8 +414,7 @@ async def test_interrupted_while_running(autojump_clock: trio.testing.MockClock)
         return "done"
 
     result, log = await interrupted_turn(
-        agent([vrt.call("slow", {"city": "x"}), vrt.call("slow", {"city": "y"})], [],
-              tools=[slow]),
+        agent([vrt.call("slow", {"city": "x"}), vrt.call("slow", {"city": "y"})], [], tools=[slow]),
         lambda e: isinstance(e, vrt.ToolStream) and e.phase == P.PROGRESS and e.call_id == "call_2",
     )
     assert_interrupted(result, "call_1", "call_2")
@@ -409,8 +433,10 @@ async def test_interrupted_while_queued() -> None:
         holder[0].interrupt()  # the first call's hook interrupts: the second is still queued
         await trio.lowlevel.checkpoint()
 
-    ag = agent([vrt.call("weather", {"city": "a"}), vrt.call("weather", {"city": "b"})],
-               before_tool_call=hook)
+    ag = agent(
+        [vrt.call("weather", {"city": "a"}), vrt.call("weather", {"city": "b"})],
+        before_tool_call=hook,
+    )
     async with vrt.open_session(ag) as session, subscribed(session) as events:
         holder.append(session)
         turn = await session.start_turn("go")
@@ -419,8 +445,7 @@ async def test_interrupted_while_queued() -> None:
     assert len(hooked) == 1  # Trio picks which task runs first; the other was queued
     (queued,) = {"call_1", "call_2"} - set(hooked)
     assert_interrupted(result, "call_1", "call_2")
-    assert stream_of(log, queued) == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_COMPLETE,
-                                      P.CANCELLED]
+    assert stream_of(log, queued) == [P.START, P.ARGUMENTS_DELTA, P.ARGUMENTS_COMPLETE, P.CANCELLED]
     assert_stream_valid(log)
 
 
@@ -500,8 +525,10 @@ async def test_committing_refuses_after_abort(autojump_clock: trio.testing.MockC
         except vrt.CallAborted as exc:
             outcome.append(str(exc))
 
-    await interrupted_turn(agent([vrt.call("careful", {"city": "x"})], tools=[careful]),
-                           phase("call_1", P.ARGUMENTS_COMPLETE))
+    await interrupted_turn(
+        agent([vrt.call("careful", {"city": "x"})], tools=[careful]),
+        phase("call_1", P.ARGUMENTS_COMPLETE),
+    )
     assert outcome == ["call call_1 was aborted (interrupted)"]
 
 
@@ -545,8 +572,9 @@ async def test_interrupt_is_idempotent_and_raises_epoch(
 
 async def test_history_marks_interrupted_turn(autojump_clock: trio.testing.MockClock) -> None:
     requests: list[models.ModelRequest] = []
-    model = vrt.ScriptedModel([[vrt.say("Let me"), vrt.call("slow", {"city": "x"})],
-                               [vrt.say("ok")]])
+    model = vrt.ScriptedModel(
+        [[vrt.say("Let me"), vrt.call("slow", {"city": "x"})], [vrt.say("ok")]]
+    )
     original = model.stream
 
     def spy(request: models.ModelRequest) -> Any:
@@ -577,8 +605,9 @@ async def test_barge_in_interrupts_the_open_turn(autojump_clock: trio.testing.Mo
         assert (await first.wait()).status == "interrupted"
         assert (await second.wait()).status == "finished"
         log = drain(events)
-    assert [type(e).__name__ for e in log if not isinstance(e, vrt.ToolStream | vrt.ToolPreview)
-            ] == ["TurnStarted", "TurnEnded", "TurnStarted", "TextDelta", "TurnEnded"]
+    assert [
+        type(e).__name__ for e in log if not isinstance(e, vrt.ToolStream | vrt.ToolPreview)
+    ] == ["TurnStarted", "TurnEnded", "TurnStarted", "TextDelta", "TurnEnded"]
     assert_stream_valid(log)
 
 
@@ -594,8 +623,9 @@ async def test_server_tools_of_one_step_run_concurrently(
         return trio.current_time()
 
     start = trio.current_time()
-    result, _, _ = await run_turn(agent([vrt.call("nap", {"city": c}) for c in "abcd"],
-                                        tools=[nap]))
+    result, _, _ = await run_turn(
+        agent([vrt.call("nap", {"city": c}) for c in "abcd"], tools=[nap])
+    )
     assert trio.current_time() - start == pytest.approx(3)  # not 12
     assert [c.result.output for c in result.calls] == [pytest.approx(start + 3)] * 4
 
@@ -610,14 +640,14 @@ async def test_results_fed_back_to_next_step() -> None:
         return original(request)
 
     model.stream = spy  # type: ignore[method-assign]
-    result, _, _ = await run_turn(vrt.define_agent(model=model, tools=[weather],
-                                                   instructions="be brief"))
+    result, _, _ = await run_turn(
+        vrt.define_agent(model=model, tools=[weather], instructions="be brief")
+    )
     assert [r.step for r in requests] == [1, 2, 3][: len(requests)]
     assert len(requests) == 2
     second = requests[1]
     assert second.instructions == "be brief"
-    assert second.tools == (vrt.ToolSpec(name="weather", description="weather",
-                                         parameters=CITY),)
+    assert second.tools == (vrt.ToolSpec(name="weather", description="weather", parameters=CITY),)
     assert isinstance(second.history[-1], vrt.CallRecord)
     assert second.history[-1].result.output == {"city": "Paris", "temp_c": 21}
     assert result.status == "finished"

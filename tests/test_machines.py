@@ -22,8 +22,9 @@ def test_every_machine_is_compiled() -> None:
     assert [t.chart for t in _tables.TABLES] == list(machines.ALL)
 
 
-@pytest.mark.parametrize(("table", "state", "event"), PAIRS,
-                         ids=[f"{t.name}-{s}-{e}" for t, s, e in PAIRS])
+@pytest.mark.parametrize(
+    ("table", "state", "event"), PAIRS, ids=[f"{t.name}-{s}-{e}" for t, s, e in PAIRS]
+)
 def test_table_agrees_with_library(table: Table, state: str, event: str) -> None:
     """For every (state, event) pair the compiled table and the library do the same thing."""
     # Reach ``state`` in a real library instance by a path the class itself allows.
@@ -84,20 +85,36 @@ def test_final_states_accept_nothing(table: Table) -> None:
 def test_design_table_states_and_events() -> None:
     """States and events exactly as DESIGN.md's table."""
     expected = {
-        "ToolCall": ("started streaming issued running settled cancelled failed",
-                     "delta complete abandon allow decline progress finish interrupt",
-                     "settled cancelled failed"),
-        "Turn": ("generating awaiting interrupting finished interrupted failed",
-                 "step_done next_step finish interrupt unwound error",
-                 "finished interrupted failed"),
-        "Session": ("handshaking open detached closed", "accept drop resume expire close",
-                    "closed"),
-        "Connection": ("connecting open reconnecting closed", "welcome lost resumed close",
-                       "closed"),
-        "AppCall": ("received queued running answered aborted",
-                    "admit stale begin answer abort", "answered aborted"),
-        "CallView": ("started streaming issued settled cancelled failed",
-                     "delta complete progress settle cancel fail", "settled cancelled failed"),
+        "ToolCall": (
+            "started streaming issued running settled cancelled failed",
+            "delta complete abandon allow decline progress finish interrupt",
+            "settled cancelled failed",
+        ),
+        "Turn": (
+            "generating awaiting interrupting finished interrupted failed",
+            "step_done next_step finish interrupt unwound error",
+            "finished interrupted failed",
+        ),
+        "Session": (
+            "handshaking open detached closed",
+            "accept drop resume expire close",
+            "closed",
+        ),
+        "Connection": (
+            "connecting open reconnecting closed",
+            "welcome lost resumed close",
+            "closed",
+        ),
+        "AppCall": (
+            "received queued running answered aborted",
+            "admit stale begin answer abort",
+            "answered aborted",
+        ),
+        "CallView": (
+            "started streaming issued settled cancelled failed",
+            "delta complete progress settle cancel fail",
+            "settled cancelled failed",
+        ),
     }
     for table in _tables.TABLES:
         states, events, finals = expected[table.name]

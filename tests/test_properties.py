@@ -46,14 +46,18 @@ calls = st.builds(
     stream=st.booleans(),
     truncate=st.booleans(),
 )
-items = st.one_of(calls, st.builds(vrt.say, st.text(max_size=5)),
-                  st.builds(vrt.pause, st.sampled_from([0, 0.2, 1.0])))
+items = st.one_of(
+    calls,
+    st.builds(vrt.say, st.text(max_size=5)),
+    st.builds(vrt.pause, st.sampled_from([0, 0.2, 1.0])),
+)
 scripts = st.lists(st.lists(items, max_size=5), max_size=4)
 
 
 async def play(script: list[list[Any]], interrupt_at: float | None) -> None:
-    agent = vrt.define_agent(model=vrt.ScriptedModel(script), tools=[work, risky],
-                             before_tool_call=hook, max_steps=4)
+    agent = vrt.define_agent(
+        model=vrt.ScriptedModel(script), tools=[work, risky], before_tool_call=hook, max_steps=4
+    )
     async with vrt.open_session(agent) as session, session.subscribe() as events:
         turn = await session.start_turn("go")
         if interrupt_at is not None:
@@ -65,14 +69,20 @@ async def play(script: list[list[Any]], interrupt_at: float | None) -> None:
     assert_stream_valid(log)
     started = [e.call_id for e in log if isinstance(e, vrt.ToolStream) and e.phase == "start"]
     assert [c.call_id for c in result.calls] == started  # one result per call, in call order
-    terminals = [e.call_id for e in log
-                 if isinstance(e, vrt.ToolStream) and e.phase in ("settled", "cancelled", "failed")]
+    terminals = [
+        e.call_id
+        for e in log
+        if isinstance(e, vrt.ToolStream) and e.phase in ("settled", "cancelled", "failed")
+    ]
     assert sorted(terminals) == sorted(started)
     if result.status == "interrupted":
         assert any(isinstance(h, vrt.models.TurnInterrupted) for h in session.history)
         for record in result.calls:
-            phases = [e.phase for e in log
-                      if isinstance(e, vrt.ToolStream) and e.call_id == record.call_id]
+            phases = [
+                e.phase
+                for e in log
+                if isinstance(e, vrt.ToolStream) and e.call_id == record.call_id
+            ]
             if phases[-1] == "cancelled":
                 assert record.result.code == vrt.ResultCode.INTERRUPTED
     else:

@@ -40,16 +40,54 @@ def test_every_public_name_has_a_docstring() -> None:
 
 
 def test_api_names_of_design() -> None:
-    for name in ("define_agent", "server_tool", "ServerTool", "AppTool", "app_tool",
-                 "ToolContext", "open_session", "ToolResult", "ResultCode", "TurnResult",
-                 "CallRecord", "ToolStream", "ToolPreview", "TurnStarted", "TurnEnded",
-                 "TextDelta", "Closed", "Phase", "ModelRequest", "ToolSpec", "models",
-                 "ScriptedModel", "say", "call", "pause", "Allow", "Reject", "Rewrite",
-                 "CallInfo", "Model"):
+    for name in (
+        "define_agent",
+        "server_tool",
+        "ServerTool",
+        "AppTool",
+        "app_tool",
+        "ToolContext",
+        "open_session",
+        "ToolResult",
+        "ResultCode",
+        "TurnResult",
+        "CallRecord",
+        "ToolStream",
+        "ToolPreview",
+        "TurnStarted",
+        "TurnEnded",
+        "TextDelta",
+        "Closed",
+        "Phase",
+        "ModelRequest",
+        "ToolSpec",
+        "models",
+        "ScriptedModel",
+        "say",
+        "call",
+        "pause",
+        "Allow",
+        "Reject",
+        "Rewrite",
+        "CallInfo",
+        "Model",
+    ):
         assert hasattr(vrt, name), name
-    assert [p.value for p in vrt.Phase] == ["start", "arguments-delta", "arguments-complete",
-                                            "progress", "settled", "cancelled", "failed"]
-    assert [c.value for c in vrt.ResultCode] == ["INTERRUPTED", "REJECTED", "INVALID",
-                                                 "TIMEOUT", "FAILED"]
+    assert [p.value for p in vrt.Phase] == [
+        "start",
+        "arguments-delta",
+        "arguments-complete",
+        "progress",
+        "settled",
+        "cancelled",
+        "failed",
+    ]
+    assert [c.value for c in vrt.ResultCode] == [
+        "INTERRUPTED",
+        "REJECTED",
+        "INVALID",
+        "TIMEOUT",
+        "FAILED",
+    ]
     for name in ("Text", "CallStart", "CallDelta", "CallEnd"):
         assert hasattr(vrt.models, name)

@@ -128,15 +128,30 @@ async def test_model_end_with_unencodable_arguments_is_a_model_error() -> None:
 
 
 async def test_dangling_ref_fails_at_define_agent() -> None:
-    for ref, message in (("#/$defs/City", "points nowhere"),
-                         ("https://example.com/city.json", "is not local")):
-        bad = vrt.ServerTool(name="t", description="", risk="low", run=noop.run,
-                             parameters={"type": "object", "properties": {"c": {"$ref": ref}}})
+    for ref, message in (
+        ("#/$defs/City", "points nowhere"),
+        ("https://example.com/city.json", "is not local"),
+    ):
+        bad = vrt.ServerTool(
+            name="t",
+            description="",
+            risk="low",
+            run=noop.run,
+            parameters={"type": "object", "properties": {"c": {"$ref": ref}}},
+        )
         with pytest.raises(vrt.DefinitionError, match=message):
             vrt.define_agent(model=vrt.ScriptedModel([]), tools=[bad])
-    good = vrt.ServerTool(name="t", description="", risk="low", run=noop.run, parameters={
-        "type": "object", "properties": {"c": {"$ref": "#/$defs/City"}},
-        "$defs": {"City": {"type": "string"}}})
+    good = vrt.ServerTool(
+        name="t",
+        description="",
+        risk="low",
+        run=noop.run,
+        parameters={
+            "type": "object",
+            "properties": {"c": {"$ref": "#/$defs/City"}},
+            "$defs": {"City": {"type": "string"}},
+        },
+    )
     vrt.define_agent(model=vrt.ScriptedModel([]), tools=[good])
 
 
@@ -148,9 +163,10 @@ async def test_validate_raising_any_error_is_invalid_for_that_call_only() -> Non
     async def strict(args: Any, ctx: vrt.ToolContext) -> None:
         return None
 
-    agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.call("strict", {}),
-                                                       vrt.call("noop", {})]]),
-                             tools=[strict, noop])
+    agent = vrt.define_agent(
+        model=vrt.ScriptedModel([[vrt.call("strict", {}), vrt.call("noop", {})]]),
+        tools=[strict, noop],
+    )
     async with vrt.open_session(agent) as session:
         result = await (await session.start_turn("go")).wait()
     assert result.status == "finished"
@@ -181,8 +197,9 @@ async def test_timeout_aborts_the_signal_at_the_deadline(
         async with ctx.committing():
             effects.append("money moved")
 
-    agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.call("transfer", {})]]),
-                             tools=[transfer])
+    agent = vrt.define_agent(
+        model=vrt.ScriptedModel([[vrt.call("transfer", {})]]), tools=[transfer]
+    )
     async with vrt.open_session(agent) as session:
         result = await (await session.start_turn("go")).wait()
     assert effects == [("aborted", True, "timeout")]

@@ -138,7 +138,6 @@ def define_agent(
         max_steps=max_steps,
         registry=registry,
         specs=tuple(
-            ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
-            for t in tools
+            ToolSpec(name=t.name, description=t.description, parameters=t.parameters) for t in tools
         ),
     )

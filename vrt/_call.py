@@ -34,8 +34,18 @@ INTERRUPTED = ToolResult.failure(ResultCode.INTERRUPTED, "the turn was interrupt
 class Call:
     """The server's authority over one call."""
 
-    __slots__ = ("arguments", "call_id", "fragments", "machine", "name", "result", "signal",
-                 "text", "tool", "turn")
+    __slots__ = (
+        "arguments",
+        "call_id",
+        "fragments",
+        "machine",
+        "name",
+        "result",
+        "signal",
+        "text",
+        "tool",
+        "turn",
+    )
 
     def __init__(self, turn: Turn, call_id: str, name: str) -> None:
         self.turn = turn
@@ -83,8 +93,8 @@ class Call:
         """The turn was interrupted: INTERRUPTED, phase ``cancelled``; aborts the signal."""
         self.machine.send("interrupt")
         self.signal.abort("interrupted")
-        result = INTERRUPTED if message is None else ToolResult.failure(
-            ResultCode.INTERRUPTED, message
+        result = (
+            INTERRUPTED if message is None else ToolResult.failure(ResultCode.INTERRUPTED, message)
         )
         self._end(result, Phase.CANCELLED)
 
@@ -99,8 +109,11 @@ class Call:
         hook = self.turn.session.agent.before_tool_call
         if hook is not None:  # every call passes the hook first, even one nobody hosts
             info = CallInfo(
-                call_id=self.call_id, turn_id=self.turn.turn_id, epoch=self.turn.epoch,
-                name=self.name, kind="server",
+                call_id=self.call_id,
+                turn_id=self.turn.turn_id,
+                epoch=self.turn.epoch,
+                name=self.name,
+                kind="server",
                 risk=registered.tool.risk if registered is not None else None,
                 arguments=self.arguments,
             )
@@ -108,9 +121,12 @@ class Call:
                 decision = await hook(info)
             except Exception as exc:
                 log.exception("before_tool_call hook raised for call %s", self.call_id)
-                self._settle("decline", ToolResult.failure(
-                    ResultCode.FAILED, f"before_tool_call failed: {_describe(exc)}"
-                ))
+                self._settle(
+                    "decline",
+                    ToolResult.failure(
+                        ResultCode.FAILED, f"before_tool_call failed: {_describe(exc)}"
+                    ),
+                )
                 return
             if isinstance(decision, Reject):
                 self._settle("decline", ToolResult.failure(ResultCode.REJECTED, decision.reason))
@@ -118,16 +134,20 @@ class Call:
             if isinstance(decision, Rewrite):
                 self.arguments = decision.arguments
             elif not (decision is None or isinstance(decision, Allow)):
-                self._settle("decline", ToolResult.failure(
-                    ResultCode.FAILED,
-                    f"before_tool_call returned {type(decision).__name__}, "
-                    "not Allow, Reject, Rewrite or None",
-                ))
+                self._settle(
+                    "decline",
+                    ToolResult.failure(
+                        ResultCode.FAILED,
+                        f"before_tool_call returned {type(decision).__name__}, "
+                        "not Allow, Reject, Rewrite or None",
+                    ),
+                )
                 return
         if registered is None:
-            self._settle("decline", ToolResult.failure(
-                ResultCode.FAILED, f"no tool named {self.name!r} is available"
-            ))
+            self._settle(
+                "decline",
+                ToolResult.failure(ResultCode.FAILED, f"no tool named {self.name!r} is available"),
+            )
             return
         if not self._send("allow"):
             return
@@ -138,8 +158,10 @@ class Call:
             return
         except Exception as exc:
             log.exception("validating arguments of call %s raised", self.call_id)
-            self._settle("finish", ToolResult.failure(
-                ResultCode.FAILED, f"validation failed: {_describe(exc)}"))
+            self._settle(
+                "finish",
+                ToolResult.failure(ResultCode.FAILED, f"validation failed: {_describe(exc)}"),
+            )
             return
         self._settle("finish", await self._execute(registered, value))
 
@@ -155,8 +177,12 @@ class Call:
         tool = registered.tool
         turn = self.turn
         ctx = ToolContext(
-            call_id=self.call_id, turn_id=turn.turn_id, epoch=turn.epoch, name=self.name,
-            signal=self.signal, progress=self.progress,
+            call_id=self.call_id,
+            turn_id=turn.turn_id,
+            epoch=turn.epoch,
+            name=self.name,
+            signal=self.signal,
+            progress=self.progress,
         )
         try:
             if tool.timeout is None:
@@ -195,8 +221,7 @@ class Call:
 
     def _settle(self, event: str, result: ToolResult) -> None:
         if self._send(event):
-            self._end(result, Phase.SETTLED, ok=result.ok, code=result.code,
-                      message=result.message)
+            self._end(result, Phase.SETTLED, ok=result.ok, code=result.code, message=result.message)
 
     def _end(self, result: ToolResult, phase: Phase, **fields: Any) -> None:
         self.result = result
@@ -207,7 +232,9 @@ class Call:
         """The call's history record; only valid once the call has its result."""
         assert self.result is not None, f"call {self.call_id} has no result yet"
         return CallRecord(
-            call_id=self.call_id, name=self.name, kind="server",
+            call_id=self.call_id,
+            name=self.name,
+            kind="server",
             arguments=self.arguments if self.text is not None else "".join(self.fragments),
             result=self.result,
         )
@@ -217,15 +244,27 @@ class Call:
         if not session.subscribers:
             return
         turn = self.turn
-        session.emit(ToolStream(
-            call_id=self.call_id, turn_id=turn.turn_id, epoch=turn.epoch, name=self.name,
-            kind="server", phase=phase, **fields,
-        ))
+        session.emit(
+            ToolStream(
+                call_id=self.call_id,
+                turn_id=turn.turn_id,
+                epoch=turn.epoch,
+                name=self.name,
+                kind="server",
+                phase=phase,
+                **fields,
+            )
+        )
         text = self.text if self.text is not None else "".join(self.fragments)
-        session.emit(ToolPreview(
-            call_id=self.call_id, turn_id=turn.turn_id, name=self.name, arguments=text,
-            complete=self.text is not None,
-        ))
+        session.emit(
+            ToolPreview(
+                call_id=self.call_id,
+                turn_id=turn.turn_id,
+                name=self.name,
+                arguments=text,
+                complete=self.text is not None,
+            )
+        )
 
 
 def _describe(exc: BaseException) -> str:

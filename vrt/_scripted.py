@@ -66,8 +66,12 @@ def call(
     if chunks < 1:
         raise ValueError("chunks must be >= 1")
     return ScriptedCall(
-        name=name, arguments={} if arguments is None else arguments, chunks=chunks,
-        stream=stream, truncate=truncate, call_id=call_id,
+        name=name,
+        arguments={} if arguments is None else arguments,
+        chunks=chunks,
+        stream=stream,
+        truncate=truncate,
+        call_id=call_id,
     )
 
 
@@ -122,8 +126,10 @@ class ScriptedModel:
                 if not item.stream:
                     yield CallEnd(call_id=call_id, arguments=item.arguments)
                     continue
-                text = item.arguments if isinstance(item.arguments, str) else json.dumps(
+                text = (
                     item.arguments
+                    if isinstance(item.arguments, str)
+                    else json.dumps(item.arguments)
                 )
                 parts = _split(text, item.chunks)
                 if item.truncate:

@@ -142,8 +142,11 @@ class Session:
     def request(self, turn: Turn, step: int) -> ModelRequest:
         """The model request for one step of ``turn``."""
         return ModelRequest(
-            instructions=self.agent.instructions, tools=self.agent.specs,
-            history=tuple(self.history), session_id=self.session_id, turn_id=turn.turn_id,
+            instructions=self.agent.instructions,
+            tools=self.agent.specs,
+            history=tuple(self.history),
+            session_id=self.session_id,
+            turn_id=turn.turn_id,
             step=step,
         )
 

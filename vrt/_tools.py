@@ -133,9 +133,7 @@ def check_tool(tool: ServerTool | AppTool) -> None:
         raise DefinitionError(f"{where}: run must be an async function (async def run(args, ctx))")
     if isinstance(tool, ServerTool):
         if tool.risk is None:
-            raise DefinitionError(
-                f"{where} declares no risk: pass risk='low', 'medium' or 'high'"
-            )
+            raise DefinitionError(f"{where} declares no risk: pass risk='low', 'medium' or 'high'")
         if tool.risk not in RISKS:
             raise DefinitionError(
                 f"{where}: risk must be 'low', 'medium' or 'high', not {tool.risk!r}"
@@ -160,7 +158,7 @@ def check_parameters(parameters: object, where: str) -> None:
     _check_refs(parameters, parameters, where)
     if parameters.get("type") != "object":
         raise DefinitionError(
-            f"{where}: parameters must describe an object (\"type\": \"object\"): "
+            f'{where}: parameters must describe an object ("type": "object"): '
             "tool arguments are a JSON object"
         )
 
@@ -177,8 +175,10 @@ def _check_refs(node: object, root: dict[str, Any], where: str) -> None:
     ref = node.get("$ref")
     if isinstance(ref, str):
         if not ref.startswith("#"):
-            raise DefinitionError(f"{where}: $ref {ref!r} is not local; tool schemas must be "
-                                  "self-contained (use #/$defs/...)")
+            raise DefinitionError(
+                f"{where}: $ref {ref!r} is not local; tool schemas must be "
+                "self-contained (use #/$defs/...)"
+            )
         target: Any = root
         for part in ref[1:].split("/")[1:] if ref != "#" else []:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -277,9 +277,7 @@ def schema_validator(parameters: dict[str, Any]) -> Validator:
     def check(args: dict[str, Any]) -> dict[str, Any]:
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
         if error is not None:
-            path = "".join(
-                f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
-            )
+            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
             raise InvalidArguments(f"arguments{path}: {error.message}")
         return args
 

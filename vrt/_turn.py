@@ -106,8 +106,9 @@ class Turn:
                         raise
                     cancelled, rest = group.split(trio.Cancelled)
                     if rest is not None:  # cleanup errors of cancelled calls: results are set
-                        log.warning("turn %s: errors while unwinding an interrupt: %r",
-                                    self.turn_id, rest)
+                        log.warning(
+                            "turn %s: errors while unwinding an interrupt: %r", self.turn_id, rest
+                        )
                     if cancelled is not None:
                         raise cancelled from None  # this scope (or the session's) catches it
         except Exception as exc:  # an engine bug, not a tool's or the model's error
@@ -169,7 +170,8 @@ class Turn:
         calls = self._open
         stream = session.agent.model.stream(request)
         closing: Any = (
-            contextlib.aclosing(stream) if hasattr(stream, "aclose")
+            contextlib.aclosing(stream)
+            if hasattr(stream, "aclose")
             else contextlib.nullcontext(stream)
         )
         async with closing:
@@ -221,28 +223,36 @@ class Turn:
         if self._text:
             history.append(AgentText(turn_id=self.turn_id, text="".join(self._text)))
             self._text = []
-        fresh = [call.record() for call in self._calls[len(self._records):]]
+        fresh = [call.record() for call in self._calls[len(self._records) :]]
         self._records.extend(fresh)
         history.extend(fresh)
 
     def _finish(self, message: str | None) -> None:
         status: TurnStatus = self._machine.state  # type: ignore[assignment]
         for call in list(self._open.values()):  # unreachable unless the engine has a bug
-            log.error("turn %s ended with call %s still %s", self.turn_id, call.call_id,
-                      call.machine.state)
+            log.error(
+                "turn %s ended with call %s still %s",
+                self.turn_id,
+                call.call_id,
+                call.machine.state,
+            )
             call.interrupt("the turn ended before the call had a result")
         self._flush_step()
         if status == "interrupted":
             self.session.history.append(TurnInterrupted(turn_id=self.turn_id))
         self._result = TurnResult(
-            turn_id=self.turn_id, status=status, calls=tuple(self._records), message=message,
+            turn_id=self.turn_id,
+            status=status,
+            calls=tuple(self._records),
+            message=message,
         )
         self._calls = []
         self._records = []
         self.session.turn_ended(self)
         if self.session.subscribers:
-            self.session.emit(TurnEnded(turn_id=self.turn_id, epoch=self.session.epoch,
-                                        reason=status))
+            self.session.emit(
+                TurnEnded(turn_id=self.turn_id, epoch=self.session.epoch, reason=status)
+            )
         self._ended.set()
 
     def __repr__(self) -> str:
