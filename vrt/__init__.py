@@ -29,6 +29,7 @@ from vrt._events import (
 from vrt._results import CallRecord, ResultCode, ToolResult, TurnResult
 from vrt._scripted import ScriptedModel, call, pause, say
 from vrt._session import Session, open_session
+from vrt._subscription import Subscription
 from vrt._tools import AppTool, ServerTool, app_tool, server_tool, validate_arguments
 from vrt._turn import Turn
 from vrt.models import Model, ModelRequest, ToolSpec
@@ -56,6 +57,7 @@ __all__ = [
     "Session",
     "SessionClosed",
     "Signal",
+    "Subscription",
     "TextDelta",
     "ToolContext",
     "ToolPreview",

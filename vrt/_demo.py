@@ -330,7 +330,7 @@ class Timeline:
         self.start = trio.current_time()
         self.events: list[vrt.Event] = []
         self.previews = 0
-        self._channel: trio.MemoryReceiveChannel[vrt.Event] | None = None
+        self._channel: vrt.Subscription[vrt.Event] | None = None
         self._watches: list[_Watch] = []
 
     async def follow(

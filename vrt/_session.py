@@ -12,6 +12,8 @@ import trio
 from vrt._agent import Agent
 from vrt._errors import SessionClosed
 from vrt._events import Closed, Event, TurnStarted
+from vrt._history import Snapshot
+from vrt._subscription import Subscription
 from vrt._tables import SESSION
 from vrt._turn import Turn
 from vrt.models import HistoryItem, ModelRequest, UserInput
@@ -46,12 +48,14 @@ class Session:
         return self._turn
 
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+    async def subscribe(self) -> AsyncIterator[Subscription[Event]]:
         """Receive every event from now on, in order, until the session closes.
 
         The channel is unbounded so that emitting never blocks the engine; a subscriber
         that stops reading holds memory until it leaves the ``async with``. The last event
-        is :class:`~vrt.Closed`, after which the iteration ends.
+        is :class:`~vrt.Closed`, after which the iteration ends. Receiving is a cancel
+        point; it yields to the scheduler at least every 64 events (see
+        :class:`~vrt.Subscription`). Raises :class:`~vrt.SessionClosed` on a closed session.
         """
         if self._machine.final:
             raise SessionClosed("the session is closed")
@@ -59,7 +63,7 @@ class Session:
         self.subscribers.append(send)
         try:
             async with receive:
-                yield receive
+                yield Subscription(receive)
         finally:
             if send in self.subscribers:
                 self.subscribers.remove(send)
@@ -144,7 +148,7 @@ class Session:
         return ModelRequest(
             instructions=self.agent.instructions,
             tools=self.agent.specs,
-            history=tuple(self.history),
+            history=Snapshot(self.history),
             session_id=self.session_id,
             turn_id=turn.turn_id,
             step=step,

@@ -11,7 +11,7 @@ that call fails.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -132,7 +132,8 @@ class ModelRequest:
 
     instructions: str
     tools: tuple[ToolSpec, ...]
-    history: tuple[HistoryItem, ...]
+    history: Sequence[HistoryItem]
+    """Oldest first; an immutable snapshot (the session's history only grows)."""
     session_id: str
     turn_id: str
     step: int

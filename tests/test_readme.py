@@ -1,0 +1,26 @@
+"""The README's commands and example stay true."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = (Path(__file__).parent.parent / "README.md").read_text()
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    commands = re.findall(r"```sh\n(.*?)\n```", README, re.S)
+    assert commands[0].endswith("&& vrt demo")
+    assert "pytest" in commands[1]
+    assert README.index(commands[0]) < README.index("## ")
+
+
+def test_tour_example_runs() -> None:
+    (example,) = re.findall(r"```python\n(.*?)\n```", README, re.S)
+    done = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "status='finished'" in done.stdout
