@@ -7,17 +7,21 @@ the other public modules.
 
 from vrt import models
 from vrt._agent import Agent, Allow, CallInfo, Reject, Rewrite, define_agent
+from vrt._client import Client, connect
+from vrt._confirm import require_confirmation
 from vrt._context import Signal, ToolContext
 from vrt._errors import (
     CallAborted,
     DefinitionError,
     InvalidArguments,
     InvalidTransition,
+    RemoteProtocolError,
     SessionClosed,
     VrtError,
 )
 from vrt._events import (
     Closed,
+    ConfirmRequest,
     Event,
     Phase,
     TextDelta,
@@ -28,6 +32,7 @@ from vrt._events import (
 )
 from vrt._results import CallRecord, ResultCode, ToolResult, TurnResult
 from vrt._scripted import ScriptedModel, call, pause, say
+from vrt._server import Server, serve
 from vrt._session import Session, open_session
 from vrt._subscription import Subscription
 from vrt._tools import AppTool, ServerTool, app_tool, server_tool, validate_arguments
@@ -41,7 +46,9 @@ __all__ = [
     "CallAborted",
     "CallInfo",
     "CallRecord",
+    "Client",
     "Closed",
+    "ConfirmRequest",
     "DefinitionError",
     "Event",
     "InvalidArguments",
@@ -50,9 +57,11 @@ __all__ = [
     "ModelRequest",
     "Phase",
     "Reject",
+    "RemoteProtocolError",
     "ResultCode",
     "Rewrite",
     "ScriptedModel",
+    "Server",
     "ServerTool",
     "Session",
     "SessionClosed",
@@ -71,11 +80,14 @@ __all__ = [
     "VrtError",
     "app_tool",
     "call",
+    "connect",
     "define_agent",
     "models",
     "open_session",
     "pause",
+    "require_confirmation",
     "say",
+    "serve",
     "server_tool",
     "validate_arguments",
 ]

@@ -70,6 +70,14 @@ class RegisteredTool:
 
 
 @attrs.frozen(kw_only=True)
+class RegisteredApp:
+    """An app tool a connected client hosts, with its schema compiled once."""
+
+    spec: ToolSpec
+    check_schema: Validator
+
+
+@attrs.frozen(kw_only=True)
 class Agent:
     """A checked agent definition; build it with :func:`define_agent`."""
 

@@ -1,4 +1,4 @@
-"""One server-side tool call: its ToolCall machine, its stream events, its one result.
+"""One tool call, server or app: its ToolCall machine, its stream events, its one result.
 
 The machine decides, the task acts: every method sends its event first and does nothing
 else if the machine refuses. The synchronous part (start, deltas, complete, interrupt,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -23,7 +23,8 @@ from vrt._results import CallRecord, ResultCode, ToolResult
 from vrt._tables import TOOL_CALL
 
 if TYPE_CHECKING:
-    from vrt._agent import RegisteredTool
+    from vrt._agent import RegisteredApp, RegisteredTool
+    from vrt._results import Kind
     from vrt._turn import Turn
 
 log = logging.getLogger("vrt")
@@ -31,15 +32,32 @@ log = logging.getLogger("vrt")
 INTERRUPTED = ToolResult.failure(ResultCode.INTERRUPTED, "the turn was interrupted")
 
 
+class AppHost(Protocol):
+    """Where app calls run: the client of the session (see ``vrt._server``)."""
+
+    async def run_app(self, call: Call) -> ToolResult:
+        """Send the call to the client and wait for its result.
+
+        The host sends ``tool.call`` and sets ``call.dispatched`` before its first
+        checkpoint. If this returns without a result (cancelled: timeout or interrupt), the
+        host tells the client it gave up (``tool.abort``).
+        """
+        ...
+
+
 class Call:
     """The server's authority over one call."""
 
     __slots__ = (
+        "app",
         "arguments",
         "call_id",
+        "dispatched",
         "fragments",
+        "kind",
         "machine",
         "name",
+        "previous_app",
         "result",
         "signal",
         "text",
@@ -51,7 +69,20 @@ class Call:
         self.turn = turn
         self.call_id = call_id
         self.name = name
-        self.tool: RegisteredTool | None = turn.session.agent.registry.get(name)
+        session = turn.session
+        self.tool: RegisteredTool | None = session.agent.registry.get(name)
+        self.app: RegisteredApp | None = None
+        if self.tool is None:
+            self.app = session.app_tools.get(name)
+        self.kind: Kind = "app" if self.app is not None else "server"
+        # App calls reach the client in the model's call order: each waits until the one
+        # before it was sent (or ended) before it is sent itself.
+        self.dispatched: trio.Event | None = None
+        self.previous_app: Call | None = None
+        if self.app is not None:
+            self.dispatched = trio.Event()
+            self.previous_app = session.last_app_call
+            session.last_app_call = self
         self.machine = TOOL_CALL.new()
         self.fragments: list[str] = []
         self.text: str | None = None  # the arguments' full JSON text, once complete
@@ -113,7 +144,7 @@ class Call:
                 turn_id=self.turn.turn_id,
                 epoch=self.turn.epoch,
                 name=self.name,
-                kind="server",
+                kind=self.kind,
                 risk=registered.tool.risk if registered is not None else None,
                 arguments=self.arguments,
             )
@@ -143,6 +174,9 @@ class Call:
                     ),
                 )
                 return
+        if self.app is not None:
+            await self._run_app(self.app)
+            return
         if registered is None:
             self._settle(
                 "decline",
@@ -164,6 +198,36 @@ class Call:
             )
             return
         self._settle("finish", await self._execute(registered, value))
+
+    async def _run_app(self, app: RegisteredApp) -> None:
+        if not self._send("allow"):
+            return
+        try:
+            if not isinstance(self.arguments, dict):
+                raise InvalidArguments("arguments are not a JSON object")
+            app.check_schema(self.arguments)
+        except InvalidArguments as exc:
+            self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
+            return
+        session = self.turn.session
+        previous = self.previous_app
+        if previous is not None and previous.dispatched is not None:
+            await previous.dispatched.wait()
+        self.previous_app = None
+        host = session.app_host
+        if host is None:
+            result = ToolResult.failure(ResultCode.FAILED, "no app is connected")
+        else:
+            timeout = session.agent.client_tool_timeout
+            with trio.move_on_after(timeout):
+                self._settle("finish", await host.run_app(self))
+                return
+            result = ToolResult.failure(
+                ResultCode.TIMEOUT,
+                f"no result from the app within {timeout:g} s; the call may still have "
+                "completed in the app",
+            )
+        self._settle("finish", result)
 
     def _validate(self, registered: RegisteredTool) -> Any:
         if not isinstance(self.arguments, dict):
@@ -225,6 +289,9 @@ class Call:
 
     def _end(self, result: ToolResult, phase: Phase, **fields: Any) -> None:
         self.result = result
+        if self.dispatched is not None:
+            self.dispatched.set()
+            self.previous_app = None
         self._emit(phase, **fields)
         self.turn.call_ended(self)
 
@@ -234,7 +301,7 @@ class Call:
         return CallRecord(
             call_id=self.call_id,
             name=self.name,
-            kind="server",
+            kind=self.kind,
             arguments=self.arguments if self.text is not None else "".join(self.fragments),
             result=self.result,
         )
@@ -250,7 +317,7 @@ class Call:
                 turn_id=turn.turn_id,
                 epoch=turn.epoch,
                 name=self.name,
-                kind="server",
+                kind=self.kind,
                 phase=phase,
                 **fields,
             )

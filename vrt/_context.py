@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -103,7 +104,13 @@ class ToolContext:
         """Report progress (a ``progress`` stream phase). Synchronous, never blocks.
 
         Progress reported after the call ended (interrupted, timed out) is dropped.
+        Raises TypeError at once if ``progress`` is not JSON: it is application data the
+        app receives over the wire.
         """
+        try:
+            json.dumps(progress)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"progress must be JSON-serialisable: {exc}") from None
         self._progress(progress)
 
     @asynccontextmanager

@@ -36,3 +36,12 @@ class CallAborted(VrtError):
 
 class SessionClosed(VrtError):
     """The session closed before the awaited thing happened (e.g. ``Turn.wait``)."""
+
+
+class RemoteProtocolError(VrtError):
+    """The peer refused us or broke the protocol; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

@@ -7,6 +7,7 @@ All are frozen, keyword-only attrs records. :class:`ToolStream` mirrors the wire
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -91,6 +92,33 @@ class TextDelta:
 
 
 @attrs.frozen(kw_only=True)
+class ConfirmRequest:
+    """The user must confirm a call (sent by :func:`vrt.require_confirmation`'s hook).
+
+    Answer with ``await request.approve()`` or ``await request.deny(reason)``; a denial
+    settles the call REJECTED with the reason. An interrupt while the request is open
+    settles it INTERRUPTED; answering after that does nothing.
+    """
+
+    call_id: str
+    name: str
+    arguments: Any
+    risk: str | None
+    prompt: str
+    _reply: Callable[[bool, str | None], Awaitable[None]] = attrs.field(
+        alias="reply", eq=False, repr=False
+    )
+
+    async def approve(self) -> None:
+        """Let the call run."""
+        await self._reply(True, None)
+
+    async def deny(self, reason: str = "the user declined") -> None:
+        """Refuse the call: its result is REJECTED with ``reason``."""
+        await self._reply(False, reason)
+
+
+@attrs.frozen(kw_only=True)
 class Closed:
     """The session is over for good (``closed``): clear any preview state.
 
@@ -100,4 +128,4 @@ class Closed:
     reason: str
 
 
-Event = ToolStream | ToolPreview | TurnStarted | TurnEnded | TextDelta | Closed
+Event = ToolStream | ToolPreview | TurnStarted | TurnEnded | TextDelta | ConfirmRequest | Closed

@@ -4,27 +4,51 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 import trio
 
-from vrt._agent import Agent
+from vrt._agent import Agent, RegisteredApp
+from vrt._call import AppHost, Call
 from vrt._errors import SessionClosed
-from vrt._events import Closed, Event, TurnStarted
+from vrt._events import Closed, ConfirmRequest, Event, TurnStarted
 from vrt._history import Snapshot
 from vrt._subscription import Subscription
 from vrt._tables import SESSION
+from vrt._tools import schema_validator
 from vrt._turn import Turn
-from vrt.models import HistoryItem, ModelRequest, UserInput
+from vrt.models import HistoryItem, ModelRequest, ToolSpec, UserInput
 
 
 class Session:
     """One conversation with an agent. Build it with :func:`open_session`."""
 
-    def __init__(self, agent: Agent, session_id: str) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        session_id: str,
+        *,
+        app_tools: Iterable[ToolSpec] = (),
+        app_host: AppHost | None = None,
+    ) -> None:
         self.agent = agent
         self.session_id = session_id
+        self.app_host = app_host
+        self.app_tools: dict[str, RegisteredApp] = {}
+        if agent.client_tools == "accept":
+            self.app_tools = {
+                spec.name: RegisteredApp(spec=spec, check_schema=schema_validator(spec.parameters))
+                for spec in app_tools
+            }
+        self.specs: tuple[ToolSpec, ...] = agent.specs + tuple(
+            app.spec for app in self.app_tools.values()
+        )
+        """Exactly what the model is offered: server tools, then the client's app tools."""
+        self.last_app_call: Call | None = None
+        """The latest app call: the next one is sent to the client after it."""
+        self._confirmations: dict[str, trio.Event] = {}
+        self._answers: dict[str, tuple[bool, str | None]] = {}
         self.epoch = 0
         """Raised by one on every interrupt; every turn and call carries the epoch it ran in."""
         self.history: list[HistoryItem] = []
@@ -107,10 +131,15 @@ class Session:
             self._nursery.start_soon(turn.run)
             return turn
 
-    def interrupt(self) -> None:
-        """Interrupt the open turn, if any (sync, idempotent): see :meth:`Turn.interrupt`."""
+    def interrupt(self, epoch: int | None = None) -> None:
+        """Interrupt the open turn, if any (sync, idempotent): see :meth:`Turn.interrupt`.
+
+        ``epoch`` (the client's new epoch, over the wire) is adopted even with no open turn.
+        """
         if self._turn is not None:
-            self._turn.interrupt()
+            self._turn.interrupt(epoch)
+        if epoch is not None:
+            self.epoch = max(self.epoch, epoch)
 
     def close(self, reason: str = "client") -> None:
         """End the session for good: open turns are cancelled without terminal events
@@ -147,12 +176,36 @@ class Session:
         """The model request for one step of ``turn``."""
         return ModelRequest(
             instructions=self.agent.instructions,
-            tools=self.agent.specs,
+            tools=self.specs,
             history=Snapshot(self.history),
             session_id=self.session_id,
             turn_id=turn.turn_id,
             step=step,
         )
+
+    async def confirm(self, call_id: str, request: ConfirmRequest) -> tuple[bool, str | None]:
+        """Emit ``request`` and wait for its answer: ``(approved, reason)``.
+
+        Cancelled with the call's turn; an answer arriving after that is ignored.
+        """
+        done = trio.Event()
+        self._confirmations[call_id] = done
+        try:
+            self.emit(request)
+            await done.wait()
+            return self._answers.pop(call_id)
+        finally:
+            self._confirmations.pop(call_id, None)
+            self._answers.pop(call_id, None)
+
+    def answer_confirmation(self, call_id: str, approved: bool, reason: str | None) -> bool:
+        """Answer the open confirmation of ``call_id``; False if none is open."""
+        done = self._confirmations.get(call_id)
+        if done is None or done.is_set():
+            return False
+        self._answers[call_id] = (approved, reason)
+        done.set()
+        return True
 
     def seen_call_id(self, call_id: str) -> bool:
         """Record ``call_id``; True if the session had already seen it."""
@@ -170,17 +223,32 @@ class Session:
 
 
 @asynccontextmanager
-async def open_session(agent: Agent) -> AsyncIterator[Session]:
+async def open_session(
+    agent: Agent,
+    *,
+    session_id: str | None = None,
+    app_tools: Iterable[ToolSpec] = (),
+    app_host: AppHost | None = None,
+) -> AsyncIterator[Session]:
     """Open an in-process session with ``agent`` (no network).
 
     The session owns a nursery for its turns. Leaving the block closes the session: a turn
     still open is cancelled, its open calls get no terminal event, ``turn.wait()`` raises
     :class:`~vrt.SessionClosed`, and subscribers receive :class:`~vrt.Closed`. If the body
     is cancelled, the same happens.
+
+    ``session_id``, ``app_tools`` and ``app_host`` are for transports (``vrt.serve``): the
+    client's app tools, offered to the model when the agent accepts client tools, and where
+    their calls run.
     """
     try:
         async with trio.open_nursery() as nursery:
-            session = Session(agent, f"s_{secrets.token_hex(8)}")
+            session = Session(
+                agent,
+                session_id or f"s_{secrets.token_hex(8)}",
+                app_tools=app_tools,
+                app_host=app_host,
+            )
             await nursery.start(session.host)
             try:
                 yield session

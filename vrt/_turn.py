@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vrt._call import Call, _describe
+from vrt._current import current_session
 from vrt._errors import InvalidTransition, SessionClosed, VrtError
 from vrt._events import TextDelta, TurnEnded
 from vrt._results import CallRecord, TurnResult, TurnStatus
@@ -56,19 +57,19 @@ class Turn:
         """The Turn machine's state (``generating``, ``awaiting``, ..., ``interrupted``)."""
         return self._machine.state
 
-    def interrupt(self) -> None:
+    def interrupt(self, epoch: int | None = None) -> None:
         """Interrupt the turn: sync and idempotent.
 
         Every open call moves to ``cancelled`` with an INTERRUPTED result at once, the
-        session's epoch goes up by one, and the turn's scope is cancelled. The turn ends
-        ``interrupted`` once its tasks have unwound. Does nothing if the turn is already
-        ending or ended.
+        session's epoch goes up by one (or to ``epoch``, the client's new one), and the
+        turn's scope is cancelled. The turn ends ``interrupted`` once its tasks have
+        unwound. Does nothing if the turn is already ending or ended.
         """
         try:
             self._machine.send("interrupt")
         except InvalidTransition:
             return  # already interrupting or final: the machine says there is nothing to do
-        self.session.epoch += 1
+        self.session.epoch = epoch if epoch is not None else self.session.epoch + 1
         for call in list(self._open.values()):
             call.interrupt()
         self._scope.cancel()
@@ -96,6 +97,7 @@ class Turn:
     async def run(self) -> None:
         """The turn loop; on session close it is cancelled and the turn never ends."""
         message: str | None = None
+        current_session.set(self.session)  # call tasks inherit it (confirmation)
         try:
             with self._scope:
                 try:

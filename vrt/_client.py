@@ -1,0 +1,315 @@
+"""``vrt.connect``: the vrt/1 client, hosting app tools in the user's app.
+
+The client pumps a sans-IO :class:`~vrt._wire.client.ClientProtocol`: the epoch gate, the
+CallView of every call and the serial app-tool queue all live there; this module owns the
+socket and the tasks (reader, writer, app runner, acks) and runs the app tools.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+from vrt._context import Signal, ToolContext
+from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
+from vrt._events import Closed, ConfirmRequest, Event
+from vrt._results import ResultCode, ToolResult
+from vrt._subscription import Subscription
+from vrt._tools import AppTool
+from vrt._wire import messages as m
+from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
+from vrt._wire.server import MAX_MESSAGE_SIZE
+
+log = logging.getLogger("vrt.client")
+
+ACK_INTERVAL = 0.2
+CLOSE_TIMEOUT = 5.0
+
+
+class Client:
+    """A connected client. Build it with :func:`connect`."""
+
+    def __init__(
+        self, ws: WebSocketConnection, tools: Sequence[AppTool], capabilities: Sequence[str]
+    ) -> None:
+        self._ws = ws
+        self.tools = {tool.name: tool for tool in tools}
+        self.proto = ClientProtocol(
+            [
+                m.ToolDecl(name=t.name, description=t.description, parameters=t.parameters)
+                for t in tools
+            ],
+            capabilities,
+        )
+        self._out, self._frames = trio.open_memory_channel[str](math.inf)
+        self._subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._wake = trio.Event()
+        self._running: tuple[str, trio.CancelScope, Signal] | None = None
+        self.closed: Closed | None = None
+        """The session's final event, once the server ended it."""
+        self._closed = trio.Event()
+
+    # -- the public surface -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The client's epoch: raised by one on each :meth:`interrupt`."""
+        return self.proto.epoch
+
+    @property
+    def session_id(self) -> str | None:
+        """The server's id for this session."""
+        return self.proto.session_id
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """What client and server both support (e.g. ``("tool-stream-v1",)``)."""
+        return self.proto.capabilities
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[Subscription[Event]]:
+        """Receive every event from now on, as :meth:`vrt.Session.subscribe` does.
+
+        Ends after :class:`~vrt.Closed`. Raises :class:`~vrt.SessionClosed` once closed.
+        """
+        if self.closed is not None:
+            raise SessionClosed("the session is closed")
+        send, receive = trio.open_memory_channel[Event](math.inf)
+        self._subscribers.append(send)
+        try:
+            async with receive:
+                yield Subscription(receive)
+        finally:
+            if send in self._subscribers:
+                self._subscribers.remove(send)
+            send.close()
+
+    async def send_text(self, text: str) -> None:
+        """Send user input: a new turn (an open one is interrupted first, server-side)."""
+        self._check_open()
+        self.proto.send_input(text)
+        self._flush()
+        await trio.lowlevel.checkpoint()
+
+    def interrupt(self) -> None:
+        """The user interrupted (sync): raise the epoch and cancel every open call at once.
+
+        Emits the ``cancelled`` events locally before any server reply, aborts the
+        running app tool's signal and cancels it, drops queued app calls, then tells the
+        server. The server's own late terminal events for those calls are dropped.
+        """
+        self._check_open()
+        for item in self.proto.interrupt():
+            self._dispatch(item)
+        self._flush()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.closed is not None:
+            raise SessionClosed(f"the session is closed ({self.closed.reason})")
+
+    def _flush(self) -> None:
+        for frame in self.proto.take_outbox():
+            self._out.send_nowait(frame)
+
+    def _emit(self, event: Event) -> None:
+        gone = None
+        for channel in self._subscribers:
+            try:
+                channel.send_nowait(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                gone = [*(gone or ()), channel]
+        if gone:
+            for channel in gone:
+                self._subscribers.remove(channel)
+
+    def _dispatch(self, item: Any) -> None:
+        if isinstance(item, AbortApp):
+            running = self._running
+            if running is not None and running[0] == item.call_id:
+                running[2].abort("interrupted")
+                running[1].cancel()
+        elif isinstance(item, m.ConfirmRequestMessage):
+            self._emit(
+                ConfirmRequest(
+                    call_id=item.call_id,
+                    name=item.name,
+                    arguments=item.arguments,
+                    risk=item.risk,
+                    prompt=item.prompt,
+                    reply=self._reply_for(item.call_id),
+                )
+            )
+        elif isinstance(item, m.Error):
+            log.info("server error %s: %s (ref %s)", item.code, item.message, item.ref)
+        elif isinstance(item, Closed):
+            self.closed = item
+            self._emit(item)
+            for channel in self._subscribers:
+                channel.close()
+            self._subscribers.clear()
+            self._closed.set()
+        elif isinstance(item, Welcomed):
+            pass
+        else:
+            self._emit(item)
+
+    def _reply_for(self, call_id: str) -> Any:
+        async def reply(approved: bool, reason: str | None) -> None:
+            if self.closed is None:
+                self.proto.confirm_reply(call_id, approved, reason)
+                self._flush()
+            await trio.lowlevel.checkpoint()
+
+        return reply
+
+    async def _handshake(self) -> None:
+        self.proto.hello()
+        self._flush()
+        while self.proto.session_id is None:
+            try:
+                frame = await self._ws.get_message()
+            except ConnectionClosed:
+                raise RemoteProtocolError(
+                    "CLOSED", "the server closed the connection during the handshake"
+                ) from None
+            refusal: m.Error | None = None
+            for item in self.proto.receive(frame):
+                if isinstance(item, m.Error):
+                    refusal = item
+                elif isinstance(item, Closed):
+                    raise RemoteProtocolError(
+                        refusal.code if refusal else "CLOSED",
+                        refusal.message if refusal else f"closed: {item.reason}",
+                    )
+
+    async def _writer(self) -> None:
+        async for frame in self._frames:
+            try:
+                await self._ws.send_message(frame)
+            except ConnectionClosed:
+                return
+
+    async def _reader(self) -> None:
+        while self.closed is None:
+            try:
+                frame = await self._ws.get_message()
+            except ConnectionClosed:
+                self._dispatch(Closed(reason="lost"))
+                return
+            for item in self.proto.receive(frame):
+                self._dispatch(item)
+            if self.proto.queue:
+                self._wake.set()
+            self._flush()
+
+    async def _acks(self) -> None:
+        while True:
+            await trio.sleep(ACK_INTERVAL)
+            if self.proto.send_ack():
+                self._flush()
+
+    async def _runner(self) -> None:
+        """Run app calls one at a time, in arrival order."""
+        while True:
+            ticket = self.proto.next_app_call()
+            if ticket is None:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            result = await self._run(ticket)
+            if self.proto.answer(ticket.call_id, result):
+                self._flush()
+
+    async def _run(self, ticket: AppCallTicket) -> ToolResult:
+        tool = self.tools.get(ticket.name)
+        if tool is None:
+            return ToolResult.failure(
+                ResultCode.FAILED, f"the app does not host a tool named {ticket.name!r}"
+            )
+        signal = Signal()
+        scope = trio.CancelScope()
+        self._running = (ticket.call_id, scope, signal)
+        ctx = ToolContext(
+            call_id=ticket.call_id,
+            turn_id=ticket.turn_id,
+            epoch=ticket.epoch,
+            name=ticket.name,
+            signal=signal,
+            progress=_no_progress,
+        )
+        try:
+            with scope:
+                output = await tool.run(ticket.arguments, ctx)
+                try:
+                    json.dumps(output)
+                except (TypeError, ValueError) as exc:
+                    return ToolResult.failure(
+                        ResultCode.FAILED, f"output is not JSON-serialisable: {exc}"
+                    )
+                return ToolResult.success(output)
+            return ToolResult.failure(ResultCode.INTERRUPTED, "aborted")  # never sent
+        except InvalidArguments as exc:
+            return ToolResult.failure(ResultCode.INVALID, str(exc))
+        except Exception as exc:
+            log.exception("app tool %r raised (call %s)", ticket.name, ticket.call_id)
+            text = str(exc)
+            return ToolResult.failure(
+                ResultCode.FAILED, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            )
+        finally:
+            self._running = None
+
+    async def _close(self) -> None:
+        if self.closed is None:
+            self.proto.close()
+            self._flush()
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._closed.wait()
+
+
+def _no_progress(progress: Any) -> None:
+    raise VrtError("ctx.emit is for server tools: the wire carries no progress for app tools")
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    tools: Sequence[AppTool] = (),
+    *,
+    capabilities: Sequence[str] = m.CAPABILITIES,
+    max_message_size: int = MAX_MESSAGE_SIZE,
+) -> AsyncIterator[Client]:
+    """Connect to a vrt/1 server and open a session, hosting the app ``tools``.
+
+    Raises :class:`~vrt.RemoteProtocolError` if the server refuses the hello (e.g. an app
+    tool named like a server tool: ``TOOL_CONFLICT``). Leaving the block ends the session
+    for good (``close``, then waits up to 5 s for ``closed``); cancelling it closes the
+    connection at once. ``capabilities`` is what this client supports (pass ``()`` to act
+    as a client without ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
+    """
+    for tool in tools:
+        if not isinstance(tool, AppTool):
+            raise TypeError(f"tools must be vrt.AppTool, not {tool!r}")
+    async with open_websocket_url(url, max_message_size=4 * max_message_size) as ws:
+        client = Client(ws, tools, capabilities)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._writer)
+            await client._handshake()
+            nursery.start_soon(client._reader)
+            nursery.start_soon(client._runner)
+            nursery.start_soon(client._acks)
+            try:
+                yield client
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client._close()
+                nursery.cancel_scope.cancel()

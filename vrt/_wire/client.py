@@ -1,0 +1,297 @@
+"""The client's side of vrt/1, sans-IO: handshake, the epoch gate, the call views and the
+serial app-tool queue.
+
+Every call the server streams has a CallView machine here, so the app never sees two
+terminal phases for one call: :meth:`ClientProtocol.interrupt` cancels every open view at
+once, locally, and the server's own ``cancelled`` for the same call is then refused by the
+machine and dropped. Every ``tool.call`` has an AppCall machine: the epoch gate answers a
+stale one INTERRUPTED at once; current ones queue and :meth:`next_app_call` hands them out
+one at a time, in arrival order, only after the previous one has its result.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from vrt._errors import InvalidTransition
+from vrt._events import Closed, Phase, ToolPreview, ToolStream, TurnEnded, TurnStarted
+from vrt._events import TextDelta as TextDeltaEvent
+from vrt._results import ResultCode, ToolResult
+from vrt._tables import APP_CALL, CALL_VIEW, CONNECTION, Machine, StrictMachine
+from vrt._wire import codec
+from vrt._wire import messages as m
+from vrt._wire.endpoint import Endpoint
+
+_VIEW_EVENT = {
+    Phase.ARGUMENTS_DELTA: "delta",
+    Phase.ARGUMENTS_COMPLETE: "complete",
+    Phase.PROGRESS: "progress",
+    Phase.SETTLED: "settle",
+    Phase.CANCELLED: "cancel",
+    Phase.FAILED: "fail",
+}
+
+
+@attrs.frozen(kw_only=True)
+class AppCallTicket:
+    """An app call the runner should run now."""
+
+    call_id: str
+    turn_id: str
+    epoch: int
+    name: str
+    arguments: Any
+
+
+@attrs.frozen(kw_only=True)
+class AbortApp:
+    """The running app call must stop (server ``tool.abort`` or a local interrupt)."""
+
+    call_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Welcomed:
+    """The handshake finished."""
+
+    session_id: str
+    capabilities: tuple[str, ...]
+
+
+class _AppCall:
+    __slots__ = ("machine", "message")
+
+    def __init__(self, message: m.ToolCallMessage) -> None:
+        self.message = message
+        self.machine: Machine | StrictMachine = APP_CALL.new()
+
+
+class ClientProtocol(Endpoint):
+    """One client's protocol state."""
+
+    def __init__(
+        self, tools: Sequence[m.ToolDecl] = (), capabilities: Sequence[str] = m.CAPABILITIES
+    ) -> None:
+        super().__init__()
+        self.connection = CONNECTION.new()
+        self.tools = tuple(tools)
+        self.offered = tuple(capabilities)
+        self.capabilities: tuple[str, ...] = ()
+        self.session_id: str | None = None
+        self.resume_token: str | None = None
+        self.epoch = 0
+        self.turn_id: str | None = None
+        self.views: dict[str, tuple[Machine | StrictMachine, ToolStream]] = {}
+        self._ignored: set[str] = set()  # calls begun by a turn the user already interrupted
+        self.app_calls: dict[str, _AppCall] = {}
+        self.queue: deque[str] = deque()
+        self.running: str | None = None
+
+    # -- the app's actions --------------------------------------------------------------------
+
+    def hello(self) -> None:
+        """Queue the ``hello`` that opens the session."""
+        self.send(m.Hello, protocol=m.PROTOCOL, capabilities=self.offered, tools=self.tools)
+
+    def send_input(self, text: str) -> None:
+        """Queue user input (a new turn; the server interrupts an open one first)."""
+        self.send(m.Input, text=text)
+
+    def interrupt(self) -> list[Any]:
+        """The user interrupted: raise the epoch, cancel every open call locally at once.
+
+        Returns the ``cancelled`` events (one per open call) and, if an app tool is
+        running, an :class:`AbortApp` for it; queued app calls are dropped. Then queues the
+        ``interrupt`` message for the server.
+        """
+        self.epoch += 1
+        out: list[Any] = []
+        for call_id, (view, first) in list(self.views.items()):
+            view.send("cancel")
+            del self.views[call_id]
+            out.append(attrs.evolve(first, phase=Phase.CANCELLED))
+        while self.queue:
+            self.app_calls.pop(self.queue.popleft()).machine.send("abort")
+        if self.running is not None:
+            self.app_calls[self.running].machine.send("abort")
+            out.append(AbortApp(call_id=self.running))
+        self.send(m.Interrupt, epoch=self.epoch)
+        return out
+
+    def next_app_call(self) -> AppCallTicket | None:
+        """The next queued app call, now running; None if one runs or none waits."""
+        if self.running is not None or not self.queue:
+            return None
+        call_id = self.queue.popleft()
+        call = self.app_calls[call_id]
+        call.machine.send("begin")
+        self.running = call_id
+        msg = call.message
+        return AppCallTicket(
+            call_id=call_id,
+            turn_id=msg.turn_id,
+            epoch=msg.epoch,
+            name=msg.name,
+            arguments=msg.arguments,
+        )
+
+    def answer(self, call_id: str, result: ToolResult) -> bool:
+        """The running app call has its result: send it, unless the call was aborted."""
+        call = self.app_calls.pop(call_id, None)
+        if self.running == call_id:
+            self.running = None
+        if call is None or call.machine.final:
+            return False  # aborted (interrupt or tool.abort): the server already settled it
+        call.machine.send("answer")
+        self._result(call.message, result)
+        return True
+
+    def confirm_reply(self, call_id: str, approved: bool, reason: str | None = None) -> None:
+        """Answer a ``confirm.request``."""
+        self.send(m.ConfirmReply, call_id=call_id, approved=approved, reason=reason)
+
+    def close(self) -> None:
+        """End the session for good."""
+        self.send(m.Close)
+
+    # -- the server's messages ----------------------------------------------------------------
+
+    def receive(self, frame: str | bytes) -> list[Any]:
+        """Process one frame; return what the app and the runner must see."""
+        try:
+            message = codec.decode(frame, m.SERVER_TYPES)
+        except codec.DecodeError as exc:
+            # A broken server: nothing to answer it with; surface nothing, drop the frame.
+            return [m.Error(seq=0, code=exc.code, message=f"from the server: {exc.message}")]
+        if isinstance(message, m.Ack):
+            self.peer_acked(message.seq)
+            return []
+        if message.seq != 0 and not self.accept(message.seq):
+            return []
+        handler = getattr(self, "_on_" + message.TYPE.replace(".", "_"))
+        out: list[Any] = handler(message)
+        return out
+
+    def _on_welcome(self, msg: m.Welcome) -> list[Any]:
+        self.connection.send("welcome")
+        self.session_id, self.resume_token = msg.session_id, msg.resume_token
+        self.capabilities, self.epoch = msg.capabilities, max(self.epoch, msg.epoch)
+        return [Welcomed(session_id=msg.session_id, capabilities=msg.capabilities)]
+
+    def _on_turn_started(self, msg: m.TurnStartedMessage) -> list[Any]:
+        self.epoch = max(self.epoch, msg.epoch)
+        self.turn_id = msg.turn_id
+        return [TurnStarted(turn_id=msg.turn_id, epoch=msg.epoch)]
+
+    def _on_turn_ended(self, msg: m.TurnEndedMessage) -> list[Any]:
+        self.epoch = max(self.epoch, msg.epoch)
+        return [TurnEnded(turn_id=msg.turn_id, epoch=msg.epoch, reason=msg.reason)]
+
+    def _on_text_delta(self, msg: m.TextDeltaMessage) -> list[Any]:
+        return [TextDeltaEvent(turn_id=msg.turn_id, text=msg.text)]
+
+    def _on_tool_stream(self, msg: m.ToolStreamMessage) -> list[Any]:
+        call_id = msg.call_id
+        if call_id in self._ignored:
+            return []
+        phase = Phase(msg.phase)
+        event = ToolStream(
+            call_id=call_id,
+            turn_id=msg.turn_id,
+            epoch=msg.epoch,
+            name=msg.name,
+            kind="app" if msg.kind == "app" else "server",
+            phase=phase,
+            delta=msg.delta,
+            arguments=msg.arguments,
+            progress=msg.progress,
+            ok=msg.ok,
+            code=None if msg.code is None else ResultCode(msg.code),
+            message=msg.message,
+        )
+        if phase is Phase.START:
+            if call_id in self.views or msg.epoch < self.epoch:
+                self._ignored.add(call_id)  # a call of a turn the user already interrupted
+                return []
+            self.views[call_id] = (CALL_VIEW.new(), event)
+            return [event]
+        entry = self.views.get(call_id)
+        if entry is None:
+            return []  # already final here (cancelled locally): the late phase is dropped
+        view = entry[0]
+        try:
+            view.send(_VIEW_EVENT[phase])
+        except InvalidTransition:
+            return [
+                m.Error(
+                    seq=0,
+                    code=m.BAD_MESSAGE,
+                    message=f"from the server: {phase} while call {call_id} is {view.state}",
+                )
+            ]
+        if view.final:
+            del self.views[call_id]
+        return [event]
+
+    def _on_tool_preview(self, msg: m.ToolPreviewMessage) -> list[Any]:
+        if msg.call_id in self._ignored:
+            return []
+        return [
+            ToolPreview(
+                call_id=msg.call_id,
+                turn_id=msg.turn_id,
+                name=msg.name,
+                arguments=msg.arguments,
+                complete=msg.complete,
+            )
+        ]
+
+    def _on_tool_call(self, msg: m.ToolCallMessage) -> list[Any]:
+        if msg.call_id in self.app_calls:
+            return []  # the same call again (a replay): it runs once
+        call = _AppCall(msg)
+        if msg.epoch != self.epoch:  # the epoch gate
+            call.machine.send("stale")
+            self._result(
+                msg, ToolResult.failure(ResultCode.INTERRUPTED, "the call's turn was interrupted")
+            )
+            return []
+        call.machine.send("admit")
+        self.app_calls[msg.call_id] = call
+        self.queue.append(msg.call_id)
+        return []
+
+    def _on_tool_abort(self, msg: m.ToolAbort) -> list[Any]:
+        call = self.app_calls.get(msg.call_id)
+        if call is None or call.machine.final:
+            return []
+        call.machine.send("abort")
+        if self.running == msg.call_id:
+            return [AbortApp(call_id=msg.call_id)]
+        self.queue.remove(msg.call_id)
+        del self.app_calls[msg.call_id]
+        return []
+
+    def _on_confirm_request(self, msg: m.ConfirmRequestMessage) -> list[Any]:
+        return [msg]
+
+    def _on_error(self, msg: m.Error) -> list[Any]:
+        return [msg]
+
+    def _on_closed(self, msg: m.ClosedMessage) -> list[Any]:
+        if not self.connection.final:
+            self.connection.send("close")
+        return [Closed(reason=msg.reason)]
+
+    def _result(self, msg: m.ToolCallMessage, result: ToolResult) -> None:
+        wire = m.WireResult(
+            ok=result.ok,
+            output=result.output if result.ok else None,
+            code=None if result.code is None else str(result.code),
+            message=result.message,
+        )
+        self.send(m.ToolResultMessage, call_id=msg.call_id, epoch=msg.epoch, result=wire)

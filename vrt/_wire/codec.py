@@ -1,0 +1,149 @@
+"""The vrt/1 codec: JSON text <-> message records, schema first.
+
+Decoding validates the frame against the JSON Schema of its ``type`` (shipped in
+``schemas/`` as package data) before cattrs structures it; cattrs alone would quietly turn
+``3`` into ``"3"``. The converter renames snake_case fields to the wire's camelCase and
+forbids extra keys. Encoding leaves out fields that are None.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from typing import Any
+
+import attrs
+import cattrs
+import jsonschema
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from jsonschema import Draft202012Validator
+
+from vrt._wire import messages as m
+from vrt._wire.fastcheck import Check, compile_schema
+
+
+class DecodeError(Exception):
+    """A frame the codec refuses; ``code`` is the wire error code, ``ref`` the frame's seq."""
+
+    def __init__(self, code: str, message: str, ref: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.ref = ref
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+_RECORDS: tuple[type[Any], ...] = (
+    m.ToolDecl,
+    m.ResumeRequest,
+    m.WireResult,
+    *m.CLIENT_TYPES,
+    *m.SERVER_TYPES,
+)
+for _cls in dict.fromkeys(_RECORDS):
+    _renames: dict[str, Any] = {
+        f.name: override(rename=_camel(f.name)) for f in attrs.fields(_cls) if "_" in f.name
+    }
+    _converter.register_structure_hook(
+        _cls, make_dict_structure_fn(_cls, _converter, _cattrs_forbid_extra_keys=True, **_renames)
+    )
+    _converter.register_unstructure_hook(
+        _cls, make_dict_unstructure_fn(_cls, _converter, _cattrs_omit_if_default=True, **_renames)
+    )
+
+
+def _unstructure_result(result: m.WireResult) -> dict[str, Any]:
+    # "A tool that returns nothing answers with output: null": keep output when ok.
+    if result.ok:
+        return {"ok": True, "output": result.output}
+    data: dict[str, Any] = {"ok": False, "code": result.code}
+    if result.message is not None:
+        data["message"] = result.message
+    return data
+
+
+_converter.register_unstructure_hook(m.WireResult, _unstructure_result)
+
+_BY_TYPE: dict[str, type[Any]] = {cls.TYPE: cls for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)}
+
+
+def _load_validators() -> dict[str, tuple[Check, Draft202012Validator]]:
+    folder = resources.files("vrt._wire").joinpath("schemas")
+    validators = {}
+    for name in _BY_TYPE:
+        schema = json.loads(folder.joinpath(f"{name}.json").read_text())
+        Draft202012Validator.check_schema(schema)
+        validators[name] = (compile_schema(schema), Draft202012Validator(schema))
+    return validators
+
+
+#: Per type: the compiled predicate (hot path) and jsonschema (error messages, the oracle).
+_VALIDATORS = _load_validators()
+
+
+def schema_of(type_: str) -> dict[str, Any]:
+    """The JSON Schema shipped for a message type."""
+    schema: Any = _VALIDATORS[type_][1].schema
+    return dict(schema)
+
+
+def _no_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
+    """One frame to one message record of the ``allowed`` types, or raise DecodeError."""
+    try:
+        data = json.loads(text, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(m.BAD_JSON, f"the frame is not JSON: {_short(exc)}") from None
+    if not isinstance(data, dict):
+        raise DecodeError(m.BAD_MESSAGE, "a frame must be a JSON object")
+    seq = data.get("seq")
+    ref = seq if type(seq) is int and seq >= 0 else None
+    type_ = data.get("type")
+    cls = _BY_TYPE.get(type_) if isinstance(type_, str) else None
+    if cls is None or cls not in allowed:
+        shown = type_ if isinstance(type_, str) else None
+        raise DecodeError(m.UNKNOWN_TYPE, f"unknown message type {shown!r}"[:200], ref)
+    type_ = cls.TYPE
+    fast, full = _VALIDATORS[type_]
+    if not fast(data):
+        error = jsonschema.exceptions.best_match(full.iter_errors(data))
+        detail = "does not match its schema"
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(message)"
+            detail = f"{where}: {_short(error.message)}"
+        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {detail}", ref)
+    del data["type"]
+    try:
+        return _converter.structure(data, cls)
+    except Exception as exc:  # the schema should have caught it; never leak a traceback
+        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {_short(exc)}", ref) from None
+
+
+def encode(message: Any) -> str:
+    """One message record to one frame of JSON text."""
+    data: dict[str, Any] = {"type": message.TYPE}
+    data.update(_converter.unstructure(message))
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def to_dict(message: Any) -> dict[str, Any]:
+    """A message as the JSON object it is on the wire."""
+    data: dict[str, Any] = json.loads(encode(message))
+    return data
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def _short(exc: object, limit: int = 200) -> str:
+    text = _SPACES.sub(" ", str(exc))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

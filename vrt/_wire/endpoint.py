@@ -1,0 +1,104 @@
+"""What both sides of vrt/1 share: seq numbering, acks, de-duplication, the replay buffer.
+
+Sans-IO: :meth:`Endpoint.send` numbers a message and queues its frame in :attr:`outbox`;
+:meth:`Endpoint.accept` decides whether an incoming message is new (processed) or a replay
+(dropped); acks trim the replay buffer. The owner drains :attr:`outbox` to its socket.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from vrt._wire import codec
+from vrt._wire import messages as m
+
+M = TypeVar("M")
+
+ACK_EVERY = 50
+"""Send an ack at least every this many processed messages (and every 200 ms)."""
+REPLAY_LIMIT = 10_000
+"""Default bound of the replay buffer (messages the peer has not acked)."""
+
+
+class Endpoint:
+    """One side's delivery state for one session."""
+
+    def __init__(self, *, replay_limit: int = REPLAY_LIMIT) -> None:
+        self.outbox: list[str] = []
+        self.sent_seq = 0
+        """The last seq this side assigned."""
+        self.received_seq = 0
+        """The highest peer seq processed (answered with error counts)."""
+        self.acked_by_peer = 0
+        self.replay: deque[tuple[int, str]] = deque()
+        self.replay_limit = replay_limit
+        self.overflowed = False
+        """The replay buffer went over its bound: the session can no longer resume."""
+        self._ack_sent = 0
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def send(self, cls: Callable[..., M], **fields: Any) -> M:
+        """Number a message of ``cls``, keep it for replay, and queue its frame."""
+        self.sent_seq += 1
+        message = cls(seq=self.sent_seq, **fields)
+        frame = codec.encode(message)
+        self.outbox.append(frame)
+        self.replay.append((self.sent_seq, frame))
+        if len(self.replay) > self.replay_limit:
+            self.overflowed = True
+            self.replay.popleft()
+        return message
+
+    def send_unnumbered(self, cls: Callable[..., M], **fields: Any) -> M:
+        """Queue a message outside the session's numbering (``seq`` 0): never replayed."""
+        message = cls(seq=0, **fields)
+        self.outbox.append(codec.encode(message))
+        return message
+
+    def error(
+        self, code: str, message: str, ref: int | None = None, *, numbered: bool = True
+    ) -> None:
+        """Queue an ``error`` (numbered inside a session, seq 0 outside one)."""
+        if numbered:
+            self.send(m.Error, code=code, message=message, ref=ref)
+        else:
+            self.send_unnumbered(m.Error, code=code, message=message, ref=ref)
+
+    def take_outbox(self) -> list[str]:
+        """The frames queued since the last call, in order."""
+        frames, self.outbox = self.outbox, []
+        return frames
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def accept(self, seq: int) -> bool:
+        """Whether a message numbered ``seq`` is new; if so it counts as processed.
+
+        A replay (``seq`` not above the last processed) is dropped silently. Acks every
+        :data:`ACK_EVERY` processed messages.
+        """
+        if seq <= self.received_seq:
+            return False
+        self.received_seq = seq
+        if self.received_seq - self._ack_sent >= ACK_EVERY:
+            self.send_ack()
+        return True
+
+    def peer_acked(self, seq: int) -> None:
+        """The peer processed everything up to ``seq``: forget those frames."""
+        if seq > self.acked_by_peer:
+            self.acked_by_peer = seq
+            replay = self.replay
+            while replay and replay[0][0] <= seq:
+                replay.popleft()
+
+    def send_ack(self) -> bool:
+        """Queue an ack for the highest processed seq if it was not acked yet."""
+        if self.received_seq <= self._ack_sent:
+            return False
+        self._ack_sent = self.received_seq
+        self.outbox.append(codec.encode(m.Ack(seq=self.received_seq)))
+        return True

@@ -1,0 +1,275 @@
+"""Every vrt/1 message as a frozen, keyword-only attrs record.
+
+Field names are the Python (snake_case) spelling of the wire's camelCase ones; the codec
+renames them. ``seq`` is every message's delivery number (0 outside a session and for
+acks). ``TYPE`` is the wire ``type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+PROTOCOL = "vrt/1"
+TOOL_STREAM_V1 = "tool-stream-v1"
+CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1,)
+
+
+# -- parts ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ToolDecl:
+    """An app tool as the client declares it in ``hello``."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class ResumeRequest:
+    """``hello.resume``: the session to resume and the last server seq processed."""
+
+    session_id: str
+    token: str
+    last_seq: int
+
+
+@attrs.frozen(kw_only=True)
+class WireResult:
+    """An app tool's result on the wire: ``{"ok": true, "output": ...}`` or a failure."""
+
+    ok: bool
+    output: Any = None
+    code: str | None = None
+    message: str | None = None
+
+
+# -- client to server -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Hello:
+    TYPE: ClassVar[str] = "hello"
+    seq: int
+    protocol: str
+    capabilities: tuple[str, ...] = ()
+    tools: tuple[ToolDecl, ...] = ()
+    resume: ResumeRequest | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Input:
+    TYPE: ClassVar[str] = "input"
+    seq: int
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class Interrupt:
+    TYPE: ClassVar[str] = "interrupt"
+    seq: int
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class ToolResultMessage:
+    TYPE: ClassVar[str] = "tool.result"
+    seq: int
+    call_id: str
+    epoch: int
+    result: WireResult
+
+
+@attrs.frozen(kw_only=True)
+class ConfirmReply:
+    TYPE: ClassVar[str] = "confirm.reply"
+    seq: int
+    call_id: str
+    approved: bool
+    reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Ack:
+    TYPE: ClassVar[str] = "ack"
+    seq: int
+
+
+@attrs.frozen(kw_only=True)
+class Close:
+    TYPE: ClassVar[str] = "close"
+    seq: int
+
+
+# -- server to client -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Welcome:
+    TYPE: ClassVar[str] = "welcome"
+    seq: int
+    session_id: str
+    resume_token: str = attrs.field(repr=False)
+    epoch: int
+    capabilities: tuple[str, ...]
+    resumed: bool
+    last_seq: int
+
+
+@attrs.frozen(kw_only=True)
+class TurnStartedMessage:
+    TYPE: ClassVar[str] = "turn.started"
+    seq: int
+    turn_id: str
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class TextDeltaMessage:
+    TYPE: ClassVar[str] = "text.delta"
+    seq: int
+    turn_id: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolStreamMessage:
+    TYPE: ClassVar[str] = "tool.stream"
+    seq: int
+    call_id: str
+    turn_id: str
+    epoch: int
+    name: str
+    kind: str
+    phase: str
+    delta: str | None = None
+    arguments: Any = None
+    progress: Any = None
+    ok: bool | None = None
+    code: str | None = None
+    message: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolPreviewMessage:
+    TYPE: ClassVar[str] = "tool.preview"
+    seq: int
+    call_id: str
+    turn_id: str
+    name: str
+    arguments: str
+    complete: bool
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallMessage:
+    TYPE: ClassVar[str] = "tool.call"
+    seq: int
+    call_id: str
+    turn_id: str
+    epoch: int
+    name: str
+    arguments: Any
+
+
+@attrs.frozen(kw_only=True)
+class ToolAbort:
+    TYPE: ClassVar[str] = "tool.abort"
+    seq: int
+    call_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ConfirmRequestMessage:
+    TYPE: ClassVar[str] = "confirm.request"
+    seq: int
+    call_id: str
+    name: str
+    arguments: Any
+    risk: str | None
+    prompt: str
+
+
+@attrs.frozen(kw_only=True)
+class TurnEndedMessage:
+    TYPE: ClassVar[str] = "turn.ended"
+    seq: int
+    turn_id: str
+    epoch: int
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class Error:
+    TYPE: ClassVar[str] = "error"
+    seq: int
+    code: str
+    message: str
+    ref: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ClosedMessage:
+    TYPE: ClassVar[str] = "closed"
+    seq: int
+    reason: str
+
+
+ClientMessage = Hello | Input | Interrupt | ToolResultMessage | ConfirmReply | Ack | Close
+ServerMessage = (
+    Welcome
+    | TurnStartedMessage
+    | TextDeltaMessage
+    | ToolStreamMessage
+    | ToolPreviewMessage
+    | ToolCallMessage
+    | ToolAbort
+    | ConfirmRequestMessage
+    | TurnEndedMessage
+    | Error
+    | ClosedMessage
+    | Ack
+)
+Message = ClientMessage | ServerMessage
+
+CLIENT_TYPES: tuple[type[Any], ...] = (
+    Hello,
+    Input,
+    Interrupt,
+    ToolResultMessage,
+    ConfirmReply,
+    Ack,
+    Close,
+)
+SERVER_TYPES: tuple[type[Any], ...] = (
+    Welcome,
+    TurnStartedMessage,
+    TextDeltaMessage,
+    ToolStreamMessage,
+    ToolPreviewMessage,
+    ToolCallMessage,
+    ToolAbort,
+    ConfirmRequestMessage,
+    TurnEndedMessage,
+    Error,
+    ClosedMessage,
+    Ack,
+)
+
+#: Error codes of PROTOCOL.md.
+BAD_JSON = "BAD_JSON"
+BAD_MESSAGE = "BAD_MESSAGE"
+UNKNOWN_TYPE = "UNKNOWN_TYPE"
+TOO_LARGE = "TOO_LARGE"
+BAD_STATE = "BAD_STATE"
+UNKNOWN_CALL = "UNKNOWN_CALL"
+STALE_EPOCH = "STALE_EPOCH"
+DUPLICATE_RESULT = "DUPLICATE_RESULT"
+UNSUPPORTED_PROTOCOL = "UNSUPPORTED_PROTOCOL"
+RESUME_FAILED = "RESUME_FAILED"
+TOOL_CONFLICT = "TOOL_CONFLICT"
+RATE_LIMITED = "RATE_LIMITED"
+INTERNAL = "INTERNAL"

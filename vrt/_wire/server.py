@@ -1,0 +1,137 @@
+"""The server's side of vrt/1, sans-IO: handshake, capability negotiation, frame checks.
+
+:meth:`ServerProtocol.receive` takes one frame and returns the messages the session must
+act on; every protocol error (bad JSON, unknown type, schema, oversize, input before hello)
+is answered here, in :attr:`outbox`, and never reaches the session. Errors that need the
+engine's state (unknown call, stale epoch, duplicate result) are the actor's to send, with
+:meth:`Endpoint.error`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from vrt._errors import DefinitionError
+from vrt._tools import check_parameters
+from vrt._wire import codec
+from vrt._wire import messages as m
+from vrt._wire.endpoint import REPLAY_LIMIT, Endpoint
+
+MAX_MESSAGE_SIZE = 1 << 20
+
+
+class ServerProtocol(Endpoint):
+    """One connection's protocol state on the server."""
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        resume_token: str,
+        server_tools: Collection[str],
+        capabilities: Collection[str] = m.CAPABILITIES,
+        max_message_size: int = MAX_MESSAGE_SIZE,
+        replay_limit: int = REPLAY_LIMIT,
+    ) -> None:
+        super().__init__(replay_limit=replay_limit)
+        self.session_id = session_id
+        self.resume_token = resume_token
+        self.server_tools = frozenset(server_tools)
+        self.supported = tuple(capabilities)
+        self.max_message_size = max_message_size
+        self.state = "handshaking"
+        """``handshaking``, ``open`` or ``closed``: the connection, not the session."""
+        self.capabilities: tuple[str, ...] = ()
+        self.app_tools: tuple[m.ToolDecl, ...] = ()
+
+    def receive(self, frame: str | bytes) -> list[Any]:
+        """Process one frame; return the client messages the session must act on."""
+        if self.state == "closed":
+            return []
+        in_session = self.state == "open"
+        if len(frame) > self.max_message_size:  # str length <= byte length: check bytes
+            size = len(frame.encode() if isinstance(frame, str) else frame)
+            if size > self.max_message_size:
+                self.error(
+                    m.TOO_LARGE,
+                    f"frame of {size} bytes is over the limit of {self.max_message_size}",
+                    numbered=in_session,
+                )
+                return []
+        try:
+            message = codec.decode(frame, m.CLIENT_TYPES)
+        except codec.DecodeError as exc:
+            if in_session and exc.ref is not None and not self.accept(exc.ref):
+                return []  # a replay we already answered
+            self.error(exc.code, exc.message, exc.ref, numbered=in_session)
+            return []
+        if isinstance(message, m.Ack):
+            self.peer_acked(message.seq)
+            return []
+        if not in_session:
+            if isinstance(message, m.Hello):
+                return self._hello(message)
+            self.error(m.BAD_STATE, f"{message.TYPE} before hello", message.seq, numbered=False)
+            return []
+        if not self.accept(message.seq):
+            return []
+        if isinstance(message, m.Hello):
+            self.error(m.BAD_STATE, "hello after the handshake", message.seq)
+            return []
+        if isinstance(message, m.Close):
+            self.close("client")
+        return [message]
+
+    def close(self, reason: str) -> None:
+        """Send ``closed`` (final) and stop processing frames."""
+        if self.state == "closed":
+            return
+        if self.state == "open":
+            self.send(m.ClosedMessage, reason=reason)
+        else:
+            self.send_unnumbered(m.ClosedMessage, reason=reason)
+        self.state = "closed"
+
+    def _hello(self, hello: m.Hello) -> list[Any]:
+        problem = self._refusal(hello)
+        if problem is not None:
+            code, text = problem
+            self.error(code, text, hello.seq, numbered=False)
+            self.close("rejected")
+            return []
+        self.state = "open"
+        self.accept(hello.seq)
+        self.capabilities = tuple(c for c in self.supported if c in hello.capabilities)
+        self.app_tools = hello.tools
+        self.send(
+            m.Welcome,
+            session_id=self.session_id,
+            resume_token=self.resume_token,
+            epoch=0,
+            capabilities=self.capabilities,
+            resumed=False,
+            last_seq=hello.seq,
+        )
+        return [hello]
+
+    def _refusal(self, hello: m.Hello) -> tuple[str, str] | None:
+        if hello.protocol != m.PROTOCOL:
+            return (
+                m.UNSUPPORTED_PROTOCOL,
+                f"protocol {hello.protocol!r} is not supported; use {m.PROTOCOL!r}",
+            )
+        if hello.resume is not None:
+            return m.RESUME_FAILED, "the session cannot be resumed"
+        names: set[str] = set()
+        for tool in hello.tools:
+            if tool.name in self.server_tools:
+                return m.TOOL_CONFLICT, f"app tool {tool.name!r} clashes with a server tool"
+            if tool.name in names:
+                return m.TOOL_CONFLICT, f"two app tools are named {tool.name!r}"
+            names.add(tool.name)
+            try:
+                check_parameters(tool.parameters, f"app tool {tool.name!r}")
+            except DefinitionError as exc:
+                return m.BAD_MESSAGE, str(exc)
+        return None
