@@ -10,6 +10,8 @@ import trio
 
 import vrt
 
+pytest_plugins = ["vrt.testing"]  # the vrt_pair and vrt_serve fixtures
+
 
 def stream_of(events: Sequence[Any], call_id: str) -> list[str]:
     """The phases of one call, in order."""
@@ -56,14 +58,14 @@ async def until(events: Log, predicate: Any) -> Any:
 
 
 def drain(events: Any) -> list[Any]:
-    """Everything delivered to a subscription so far (including what ``until`` consumed)."""
-    out = list(events.events) if isinstance(events, Log) else []
-    channel = events.channel if isinstance(events, Log) else events
+    """Everything delivered to a subscription so far (including what ``until`` consumed);
+    on a :class:`Log`, what is drained is remembered too."""
+    log = events if isinstance(events, Log) else Log(events)
     while True:
         try:
-            out.append(channel.receive_nowait())
+            log.events.append(log.channel.receive_nowait())
         except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            return out
+            return list(log.events)
 
 
 @asynccontextmanager

@@ -42,11 +42,13 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="play a scripted conversation and print its events as they happen",
-        description="Play a scripted conversation in process (no network) and print a "
-        "timeline of its events as they arrive: a streamed call with progress, a rejected "
-        "high-risk call, an invalid call and an interrupted turn. Exits 1 if the run did "
-        "not tell that story with a valid event stream.",
+        help="play a scripted conversation over a WebSocket and print its events as they happen",
+        description="Serve a scripted agent on a loopback WebSocket (vrt.serve), connect to "
+        "it as an app (vrt.connect) in the same process, and print a timeline of the events "
+        "the client receives as they arrive: a streamed call with progress, a confirmation "
+        "approved and one denied, an invalid call, app tools run one at a time, and a "
+        "client-side interrupt. Exits 1 if the run did not tell that story with a valid "
+        "event stream.",
     )
     demo.add_argument(
         "--fast", action="store_true", help=f"scale every delay by {FAST:g} (for tests)"

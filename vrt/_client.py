@@ -10,16 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 from vrt._context import Signal, ToolContext
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
 from vrt._events import Closed, ConfirmRequest, Event
+from vrt._groups import single_unwrapped
 from vrt._results import ResultCode, ToolResult
 from vrt._subscription import Subscription
 from vrt._tools import AppTool
@@ -172,8 +175,17 @@ class Client:
         return reply
 
     async def _handshake(self) -> None:
+        """Send ``hello`` and read until ``welcome`` (before any task runs)."""
         self.proto.hello()
-        self._flush()
+        for frame in self.proto.take_outbox():
+            try:
+                await self._ws.send_message(frame)
+            except ConnectionClosed:
+                raise RemoteProtocolError(
+                    "CLOSED", "the server closed the connection during the handshake"
+                ) from None
+        refusal: m.Error | None = None
+        frame: Any
         while self.proto.session_id is None:
             try:
                 frame = await self._ws.get_message()
@@ -181,7 +193,6 @@ class Client:
                 raise RemoteProtocolError(
                     "CLOSED", "the server closed the connection during the handshake"
                 ) from None
-            refusal: m.Error | None = None
             for item in self.proto.receive(frame):
                 if isinstance(item, m.Error):
                     refusal = item
@@ -199,12 +210,16 @@ class Client:
                 return
 
     async def _reader(self) -> None:
-        while self.closed is None:
+        frame: Any
+        while True:
             try:
                 frame = await self._ws.get_message()
             except ConnectionClosed:
-                self._dispatch(Closed(reason="lost"))
+                if self.closed is None:
+                    self._dispatch(Closed(reason="lost"))
                 return
+            if self.closed is not None:
+                continue  # keep reading so the server's close handshake completes
             for item in self.proto.receive(frame):
                 self._dispatch(item)
             if self.proto.queue:
@@ -296,14 +311,51 @@ async def connect(
     connection at once. ``capabilities`` is what this client supports (pass ``()`` to act
     as a client without ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
     """
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
+    secure = parts.scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # We open (and always close) the TCP stream ourselves: trio-websocket's client leaves
+    # it open when the server ends the connection first.
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    if secure:
+        stream = await trio.open_ssl_over_tcp_stream(
+            parts.hostname, port, ssl_context=ssl.create_default_context()
+        )
+    else:
+        stream = await trio.open_tcp_stream(parts.hostname, port)
+    try:
+        with single_unwrapped():
+            async with trio.open_nursery() as nursery:
+                ws = await wrap_client_stream(
+                    nursery, stream, parts.hostname, resource, max_message_size=4 * max_message_size
+                )
+                try:
+                    async with open_client(ws, tools, capabilities=capabilities) as client:
+                        yield client
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await ws.aclose()
+    finally:
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+
+
+@asynccontextmanager
+async def open_client(
+    ws: Any, tools: Sequence[AppTool] = (), *, capabilities: Sequence[str] = m.CAPABILITIES
+) -> AsyncIterator[Client]:
+    """:func:`connect` over an already-open connection (see :mod:`vrt.testing`)."""
     for tool in tools:
         if not isinstance(tool, AppTool):
             raise TypeError(f"tools must be vrt.AppTool, not {tool!r}")
-    async with open_websocket_url(url, max_message_size=4 * max_message_size) as ws:
-        client = Client(ws, tools, capabilities)
+    client = Client(ws, tools, capabilities)
+    await client._handshake()
+    with single_unwrapped():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client._writer)
-            await client._handshake()
             nursery.start_soon(client._reader)
             nursery.start_soon(client._runner)
             nursery.start_soon(client._acks)

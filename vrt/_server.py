@@ -9,6 +9,7 @@ is dropped; the server itself never goes down for it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -18,7 +19,12 @@ from typing import Any, NoReturn
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    WebSocketServer,
+)
 
 from vrt._agent import Agent
 from vrt._call import Call
@@ -52,8 +58,8 @@ class Server:
 
 @attrs.frozen(kw_only=True)
 class _Options:
-    capabilities: tuple[str, ...]
-    max_message_size: int
+    capabilities: tuple[str, ...] = m.CAPABILITIES
+    max_message_size: int = MAX_MESSAGE_SIZE
 
 
 async def serve(
@@ -75,21 +81,23 @@ async def serve(
     ``closed`` with reason ``shutdown`` and its connection closed.
     """
     options = _Options(capabilities=tuple(capabilities), max_message_size=max_message_size)
-    async with trio.open_nursery() as nursery:
-        handler = functools.partial(_handle, agent, options)
-        listener = await nursery.start(
-            functools.partial(
-                serve_websocket,
-                handler,
-                host,
-                port,
-                None,
+    # Our own listeners, closed on the way out: trio-websocket leaves them to the GC.
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        async with trio.open_nursery() as nursery:
+            ws_server = WebSocketServer(
+                functools.partial(_handle, agent, options),
+                listeners,
                 handler_nursery=nursery,
                 max_message_size=max(4 * max_message_size, max_message_size + (1 << 16)),
             )
-        )
-        task_status.started(Server(host=host, port=listener.port))
-        await trio.sleep_forever()
+            await nursery.start(ws_server.run)
+            task_status.started(Server(host=host, port=ws_server.port))
+            await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -98,8 +106,15 @@ async def _handle(agent: Agent, options: _Options, request: WebSocketRequest) ->
         ws = await request.accept()
     except ConnectionClosed:
         return
+    await serve_connection(agent, ws, options)
+
+
+async def serve_connection(agent: Agent, ws: Any, options: _Options | None = None) -> None:
+    """Serve one session over one already-open connection (a trio-websocket connection,
+    or anything with its ``get_message``/``send_message``/``aclose``, such as the memory
+    pair of :mod:`vrt.testing`). Returns when the connection or the session ends."""
     try:
-        await _Connection(agent, options, ws).run()
+        await _Connection(agent, options or _Options(), ws).run()
     except Exception:  # a bug must cost one connection, never the server
         log.exception("connection failed")
 
@@ -119,6 +134,8 @@ class _Connection:
     """One client's session actor: the protocol pumped, the session driven."""
 
     def __init__(self, agent: Agent, options: _Options, ws: WebSocketConnection) -> None:
+        # ``ws`` may also be a memory connection (vrt.testing): only get_message,
+        # send_message and aclose are used.
         self.agent = agent
         self.ws = ws
         self.proto = ServerProtocol(
@@ -140,17 +157,36 @@ class _Connection:
             self.out.send_nowait(frame)
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer)
+                try:
+                    hello = await self._handshake()
+                    if hello is not None:
+                        await self._serve(hello)
+                finally:
+                    self.flush()
+                    self.out.close()
+        finally:
+            if self.proto.state == "open":  # cancelled from outside (or the peer vanished)
+                self.proto.close("shutdown")
+                await self._send_last()
+
+    async def _send_last(self) -> None:
+        """Best effort, shielded: the frames the writer did not get to, ``closed`` last."""
+        frames = []
+        with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            while True:
+                frames.append(self._frames.receive_nowait())
+        frames.extend(self.proto.take_outbox())
+        with trio.move_on_after(1.0) as scope:
+            scope.shield = True
             try:
-                hello = await self._handshake()
-                if hello is not None:
-                    await self._serve(hello)
-            finally:
-                if self.proto.state == "open":  # cancelled from outside: shutdown
-                    self.proto.close("shutdown")
-                self.flush()
-                self.out.close()
+                for frame in frames:
+                    await self.ws.send_message(frame)
+                await self.ws.aclose()
+            except ConnectionClosed:
+                pass
 
     async def _handshake(self) -> m.Hello | None:
         while self.proto.state == "handshaking":

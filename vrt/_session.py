@@ -13,6 +13,7 @@ from vrt._agent import Agent, RegisteredApp
 from vrt._call import AppHost, Call
 from vrt._errors import SessionClosed
 from vrt._events import Closed, ConfirmRequest, Event, TurnStarted
+from vrt._groups import single_unwrapped
 from vrt._history import Snapshot
 from vrt._subscription import Subscription
 from vrt._tables import SESSION
@@ -241,7 +242,7 @@ async def open_session(
     client's app tools, offered to the model when the agent accepts client tools, and where
     their calls run.
     """
-    try:
+    with single_unwrapped():
         async with trio.open_nursery() as nursery:
             session = Session(
                 agent,
@@ -254,9 +255,3 @@ async def open_session(
                 yield session
             finally:
                 session.close("client")
-    except BaseExceptionGroup as group:
-        # The host task never raises, so a lone exception is the body's own: give it back
-        # unwrapped, as the caller raised it (trio-websocket does the same).
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise

@@ -1,20 +1,36 @@
 """Helpers for testing code built on vrt (public).
 
-:func:`assert_stream_valid` checks an app-facing event log against the lifecycle every call
-must follow. It runs the log through the CallView machine, the same rules the engine and
-the client are built on, so a user can check their own logs with it.
+- :func:`assert_stream_valid` checks an app-facing event log against the lifecycle every
+  call must follow. It runs the log through the CallView machine, the same rules the
+  engine and the client are built on, so a user can check their own logs with it.
+- :func:`open_pair` runs a server session and a client over an in-memory connection:
+  the whole vrt/1 protocol, no sockets.
+- pytest fixtures (``pytest_plugins = ["vrt.testing"]``): ``vrt_pair`` (the
+  :func:`open_pair` factory) and ``vrt_serve`` (serve an agent on loopback port 0 in the
+  test's nursery, return the :class:`~vrt.Server`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+import trio
+
+from vrt._agent import Agent
+from vrt._client import Client, open_client
 from vrt._errors import InvalidTransition
 from vrt._events import Closed, Phase, ToolStream, TurnEnded
+from vrt._groups import single_unwrapped
+from vrt._memory import memory_connection_pair
+from vrt._server import Server, _Options, serve, serve_connection
 from vrt._tables import CALL_VIEW, Machine, StrictMachine
+from vrt._tools import AppTool
+from vrt._wire import messages as m
 
-__all__ = ["assert_stream_valid"]
+__all__ = ["assert_stream_valid", "open_pair", "vrt_pair", "vrt_serve"]
 
 _EVENT_OF_PHASE = {
     Phase.ARGUMENTS_DELTA: "delta",
@@ -108,3 +124,54 @@ def _check_event(
             raise AssertionError(f"{where}: settled carries no ok")
         if not event.ok and event.code is None:
             raise AssertionError(f"{where}: settled with ok=false carries no code")
+
+
+@asynccontextmanager
+async def open_pair(
+    agent: Agent,
+    tools: Sequence[AppTool] = (),
+    *,
+    capabilities: Sequence[str] = m.CAPABILITIES,
+    server_capabilities: Collection[str] = m.CAPABILITIES,
+) -> AsyncIterator[Client]:
+    """A client connected to a server session of ``agent`` over an in-memory connection.
+
+    The same protocol cores and actors as ``vrt.serve``/``vrt.connect``, without sockets.
+    Leaving the block closes the session and stops the server side.
+    """
+    server_end, client_end = memory_connection_pair()
+    options = _Options(capabilities=tuple(server_capabilities))
+    with single_unwrapped():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_connection, agent, server_end, options)
+            async with open_client(client_end, tools, capabilities=capabilities) as client:
+                yield client
+            await client_end.aclose()
+
+
+try:  # the fixtures need pytest; the rest of this module does not
+    import pytest
+except ImportError:  # pragma: no cover
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    @pytest.fixture
+    def vrt_pair() -> Callable[..., AbstractAsyncContextManager[Client]]:
+        """The :func:`open_pair` factory: ``async with vrt_pair(agent, tools) as client``."""
+        return open_pair
+
+    @pytest.fixture
+    def vrt_serve(nursery: trio.Nursery) -> Callable[..., Awaitable[Server]]:
+        """Serve an agent on 127.0.0.1, port 0, in the test's nursery: ``await vrt_serve(agent)``.
+
+        Needs pytest-trio (its ``nursery`` fixture).
+        """
+
+        async def start(agent: Agent, **options: Any) -> Server:
+            server: Server = await nursery.start(
+                functools.partial(serve, agent, "127.0.0.1", 0, **options)
+            )
+            return server
+
+        return start

@@ -39,6 +39,21 @@ def _camel(name: str) -> str:
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _unstructure_result(result: m.WireResult) -> dict[str, Any]:
+    # "A tool that returns nothing answers with output: null": keep output when ok.
+    if result.ok:
+        return {"ok": True, "output": result.output}
+    data: dict[str, Any] = {"ok": False, "code": result.code}
+    if result.message is not None:
+        data["message"] = result.message
+    return data
+
+
+_converter.register_unstructure_hook(m.WireResult, _unstructure_result)
+
+
 _RECORDS: tuple[type[Any], ...] = (
     m.ToolDecl,
     m.ResumeRequest,
@@ -53,22 +68,12 @@ for _cls in dict.fromkeys(_RECORDS):
     _converter.register_structure_hook(
         _cls, make_dict_structure_fn(_cls, _converter, _cattrs_forbid_extra_keys=True, **_renames)
     )
+    if _cls is m.WireResult:
+        continue  # its own unstructure hook, above
     _converter.register_unstructure_hook(
         _cls, make_dict_unstructure_fn(_cls, _converter, _cattrs_omit_if_default=True, **_renames)
     )
 
-
-def _unstructure_result(result: m.WireResult) -> dict[str, Any]:
-    # "A tool that returns nothing answers with output: null": keep output when ok.
-    if result.ok:
-        return {"ok": True, "output": result.output}
-    data: dict[str, Any] = {"ok": False, "code": result.code}
-    if result.message is not None:
-        data["message"] = result.message
-    return data
-
-
-_converter.register_unstructure_hook(m.WireResult, _unstructure_result)
 
 _BY_TYPE: dict[str, type[Any]] = {cls.TYPE: cls for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)}
 

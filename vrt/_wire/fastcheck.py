@@ -20,8 +20,8 @@ _IGNORED = {"$schema", "$id", "title", "description"}
 
 
 def _is_type(name: str) -> Check:
-    if name == "integer":
-        return lambda v: type(v) is int
+    if name == "integer":  # JSON Schema: 1.0 is an integer too
+        return lambda v: type(v) is int or (type(v) is float and v.is_integer())
     if name == "number":
         return lambda v: type(v) in (int, float)
     if name == "string":
