@@ -1,8 +1,10 @@
-"""The ``vrt`` command line: ``vrt demo`` in process, on a virtual clock, and as installed."""
+"""The ``vrt`` command line: ``vrt demo`` (a real server and client over a loopback
+WebSocket) in process, on a virtual clock, and as installed."""
 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 import subprocess
@@ -14,10 +16,11 @@ import trio
 
 import vrt
 from vrt._cli import main
-from vrt._demo import EXPECTED, Timeline, run_demo
+from vrt._demo import EXPECTED, SeenCall, SeenTurn, Timeline, run_demo, seen_turns
 
 P = vrt.Phase
 LINE = re.compile(r"^ *\+\d+\.\d{3}s  ")  # every timeline line starts with the elapsed time
+APP_CALLS = ("call_5", "call_6", "call_7", "call_9")
 
 
 def phases(events: list[vrt.Event], call_id: str) -> list[vrt.Phase]:
@@ -25,42 +28,80 @@ def phases(events: list[vrt.Event], call_id: str) -> list[vrt.Phase]:
 
 
 def check_story(output: str) -> None:
-    """The four scenes appear in order, each with its phases and codes."""
+    """The five scenes appear in order, each with its phases, codes and app tool runs."""
     lines = output.splitlines()
     timeline = [line for line in lines if LINE.match(line)]
-    assert len(timeline) > 40
+    assert len(timeline) > 60
 
     def first(*parts: str) -> int:
         return next(i for i, line in enumerate(lines) if all(p in line for p in parts))
 
     marks = [
-        first("t_1", "turn", "started"),
+        first("server", "vrt.serve listening on ws://127.0.0.1:"),
+        first("client", "vrt.connect", "tool-stream-v1", "epoch 0"),
+        first("t_1", "turn", "started (epoch 0)"),
         first("call_1", "search_flights", "arguments-delta"),
         first("call_1", "search_flights", "arguments-complete"),
         first("call_1", "search_flights", "progress", '"done": 1'),
         first("call_1", "search_flights", "progress", '"done": 3'),
         first("call_1", "search_flights", "settled", "ok"),
         first("t_1", "turn", "ended finished"),
-        first("call_2", "book_flight", "settled", "REJECTED", "high risk"),
-        first("call_3", "choose_seat", "settled", "INVALID", "does not match"),
-        first("call_4", "export_itinerary", "progress"),
-        first("user", "turn.interrupt()"),
-        first("call_4", "export_itinerary", "cancelled"),
-        first("call_5", "email_itinerary", "cancelled"),
-        first("t_4", "turn", "ended interrupted"),
-        first("session", "closed"),
+        # a confirmation approved: the call runs
+        first("call_2", "book_flight", "arguments-complete"),
+        first("call_2", "book_flight", "confirm.request", "Allow book_flight (high risk) with"),
+        first("t_2", "user", "request.approve()"),
+        first("call_2", "book_flight", "progress"),
+        first("call_2", "book_flight", "settled", "ok"),
+        # a confirmation denied: REJECTED with the user's reason
+        first("call_3", "add_insurance", "confirm.request", "Allow add_insurance (high risk)"),
+        first("t_2", "user", "No insurance, thanks.", "request.deny(reason)"),
+        first("call_3", "add_insurance", "settled", "REJECTED", "No insurance, thanks."),
+        first("call_4", "choose_seat", "settled", "INVALID", "does not match"),
+        # app tools, one at a time in call order, each started after its arguments-complete
+        first("call_5", "open_panel", "arguments-complete"),
+        first("call_5", "open_panel", "app run() starts", "epoch 0"),
+        first("call_5", "open_panel", "app run() returned"),
+        first("call_6", "highlight", "app run() starts"),
+        first("call_6", "highlight", "app run() returned"),
+        first("call_7", "scroll_to", "app run() starts"),
+        first("call_7", "scroll_to", "app run() returned"),
+        first("call_7", "scroll_to", "settled", "ok"),
+        first("t_4", "turn", "ended finished"),
+        # the client-side interrupt
+        first("call_8", "export_itinerary", "progress"),
+        first("call_9", "show_map", "arguments-complete"),
+        first("call_9", "show_map", "app run() starts"),
+        first("call_10", "email_itinerary", "arguments-delta"),
+        first("user", "client.interrupt()"),
+        first("client", "epoch 0 -> 1", "3 cancelled events emitted locally"),
+        first("call_8", "export_itinerary", "cancelled", "local"),
+        first("call_9", "show_map", "cancelled", "local"),
+        first("call_10", "email_itinerary", "cancelled", "local"),
+        first("call_9", "show_map", "app run() aborted", "reason 'interrupted'"),
+        first("t_5", "turn", "ended interrupted (epoch now 1)"),
+        first("session", "closed (client)"),
         first("summary"),
     ]
     assert marks == sorted(marks)
+    for call_id in APP_CALLS:  # an app tool's run never shows before its arguments-complete
+        assert first(call_id, "arguments-complete") < first(call_id, "app run() starts")
     summary = "\n".join(lines[marks[-1] :])
-    assert re.search(r"t_1 +finished +call_1 search_flights ok", summary)
-    assert re.search(r"t_2 +finished +call_2 book_flight REJECTED", summary)
-    assert re.search(r"t_3 +finished +call_3 choose_seat INVALID", summary)
+    assert re.search(r"t_1 +finished +epoch 0 +call_1 search_flights ok", summary)
     assert re.search(
-        r"t_4 +interrupted +call_4 export_itinerary INTERRUPTED, "
-        r"call_5 email_itinerary INTERRUPTED",
+        r"t_2 +finished +epoch 0 +call_2 book_flight ok, call_3 add_insurance REJECTED", summary
+    )
+    assert re.search(r"t_3 +finished +epoch 0 +call_4 choose_seat INVALID", summary)
+    assert re.search(
+        r"t_4 +finished +epoch 0 +call_5 open_panel \(app\) ok, "
+        r"call_6 highlight \(app\) ok, call_7 scroll_to \(app\) ok",
         summary,
     )
+    assert re.search(
+        r"t_5 +interrupted +epoch 0->1 +call_8 export_itinerary INTERRUPTED, "
+        r"call_9 show_map \(app\) INTERRUPTED, call_10 email_itinerary INTERRUPTED",
+        summary,
+    )
+    assert "assert_stream_valid" in summary
     assert "problem" not in output
     assert "ToolPreview" not in output
 
@@ -73,33 +114,56 @@ def test_demo_fast(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 async def test_demo_on_a_virtual_clock(autojump_clock: trio.abc.Clock) -> None:
-    """At full scale the story is deterministic and stays under five seconds."""
+    """At full scale the story stays under five seconds, and tells the serial queue."""
     out = io.StringIO()
     start = trio.current_time()
     outcome = await run_demo(out)
     assert trio.current_time() - start < 5
     assert outcome.ok, outcome.problems
-    check_story(out.getvalue())
-    got = tuple(
-        (r.status, tuple(None if c.result.ok else c.result.code for c in r.calls))
-        for r in outcome.results
-    )
+    output = out.getvalue()
+    check_story(output)
+    got = tuple((t.status, tuple(c.code for c in t.calls)) for t in outcome.turns)
     assert got == EXPECTED
+    assert [t.epoch for t in outcome.turns] == [0, 0, 0, 0, 0]
+    assert [t.ended_epoch for t in outcome.turns] == [0, 0, 0, 0, 1]
     assert outcome.previews > 0
+    runs = outcome.app_runs
+    assert [(r.call_id, r.name) for r in runs] == [
+        ("call_5", "open_panel"),
+        ("call_6", "highlight"),
+        ("call_7", "scroll_to"),
+        ("call_9", "show_map"),
+    ]
+    assert [r.outcome for r in runs] == ["returned"] * 3 + ["aborted (interrupted)"]
+    assert all(a.ended <= b.started for a, b in itertools.pairwise(runs))
+    # The queue was real: the model had issued all three app calls while the first ran.
+    lines = output.splitlines()
+
+    def first(*parts: str) -> int:
+        return next(i for i, line in enumerate(lines) if all(p in line for p in parts))
+
+    assert first("call_7", "scroll_to", "arguments-complete") < first(
+        "call_5", "open_panel", "app run() returned"
+    )
 
 
-async def test_demo_phases(autojump_clock: trio.abc.Clock) -> None:
-    """Each scene's calls go through exactly the phases the demo is meant to show."""
+async def test_demo_events(autojump_clock: trio.abc.Clock) -> None:
+    """The client's events: each scene's calls go through exactly the phases the demo is
+    meant to show, and the interrupt's cancelled events are the client's own."""
     events: list[vrt.Event] = []
+    timelines: list[Timeline] = []
     original = Timeline.show
 
     def record(self: Timeline, event: vrt.Event) -> None:
+        if not timelines:
+            timelines.append(self)
         events.append(event)
         original(self, event)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Timeline, "show", record)
         await run_demo(io.StringIO())
+    vrt.testing.assert_stream_valid(events)
     delta, complete = P.ARGUMENTS_DELTA, P.ARGUMENTS_COMPLETE
     assert phases(events, "call_1") == [
         P.START,
@@ -110,20 +174,114 @@ async def test_demo_phases(autojump_clock: trio.abc.Clock) -> None:
         P.PROGRESS,
         P.SETTLED,
     ]
-    assert phases(events, "call_2") == [P.START, delta, delta, delta, complete, P.SETTLED]
-    assert phases(events, "call_3") == [P.START, delta, delta, delta, complete, P.SETTLED]
-    # interrupted while running, and while its arguments were still streaming
-    call_4 = phases(events, "call_4")
-    assert call_4[:5] == [P.START, delta, delta, delta, complete]
-    assert P.PROGRESS in call_4
-    assert call_4[-1] == P.CANCELLED
-    call_5 = phases(events, "call_5")
-    assert call_5[0] == P.START
-    assert delta in call_5
-    assert complete not in call_5
-    assert call_5[-1] == P.CANCELLED
+    assert phases(events, "call_2") == [
+        P.START,
+        delta,
+        delta,
+        delta,
+        complete,
+        P.PROGRESS,
+        P.SETTLED,
+    ]
+    assert phases(events, "call_3") == [P.START, delta, delta, complete, P.SETTLED]
+    assert phases(events, "call_4") == [P.START, delta, delta, delta, complete, P.SETTLED]
+    for call_id in ("call_5", "call_6"):
+        assert phases(events, call_id) == [P.START, delta, delta, complete, P.SETTLED]
+    assert phases(events, "call_7") == [P.START, delta, complete, P.SETTLED]
+    kinds = {e.call_id: e.kind for e in events if isinstance(e, vrt.ToolStream)}
+    assert [c for c, kind in kinds.items() if kind == "app"] == list(APP_CALLS)
+    # confirmations: one per high-risk call, after its arguments-complete, with a prompt
+    confirms = [e for e in events if isinstance(e, vrt.ConfirmRequest)]
+    assert [(c.call_id, c.name, c.risk) for c in confirms] == [
+        ("call_2", "book_flight", "high"),
+        ("call_3", "add_insurance", "high"),
+    ]
+    assert confirms[0].prompt.startswith("Allow book_flight (high risk) with {")
+    for confirm in confirms:
+        issued = next(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, vrt.ToolStream)
+            and e.call_id == confirm.call_id
+            and e.phase == complete
+        )
+        assert issued < events.index(confirm)
+    # the interrupt: a running server tool, a running app tool, a call still streaming
+    call_8 = phases(events, "call_8")
+    assert call_8[:4] == [P.START, delta, delta, complete]
+    assert P.PROGRESS in call_8
+    assert call_8[-1] == P.CANCELLED
+    assert phases(events, "call_9") == [P.START, delta, delta, complete, P.CANCELLED]
+    call_10 = phases(events, "call_10")
+    assert call_10[0] == P.START
+    assert call_10.count(delta) >= 4
+    assert complete not in call_10
+    assert call_10[-1] == P.CANCELLED
+    (timeline,) = timelines
+    cancelled = [e for e in events if isinstance(e, vrt.ToolStream) and e.phase == P.CANCELLED]
+    assert len(timeline.local) == 3
+    assert all(a is b for a, b in zip(cancelled, timeline.local, strict=True))
     ended = [e for e in events if isinstance(e, vrt.TurnEnded)]
-    assert [e.reason for e in ended] == ["finished", "finished", "finished", "interrupted"]
+    assert [(e.reason, e.epoch) for e in ended] == [("finished", 0)] * 4 + [("interrupted", 1)]
+    assert events.index(cancelled[-1]) < events.index(ended[-1])
+    assert isinstance(events[-1], vrt.Closed)
+
+
+async def test_a_stalled_story_is_cut_short(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A story that stops moving is reported, not waited for forever."""
+    monkeypatch.setattr("vrt._demo.PATIENCE", 0.5)  # in the middle of the first turn
+    out = io.StringIO()
+    outcome = await run_demo(out)
+    assert not outcome.ok
+    assert outcome.problems[0] == "the story stalled: cut short after 0.5 s"
+    assert "session  closed (client)" in out.getvalue()
+    assert "problem: the story stalled" in out.getvalue()
+    assert [t.status for t in outcome.turns] == [None]
+
+
+def test_seen_turns() -> None:
+    """The client's view of a log: the terminal phase of each call, the turn's epochs."""
+
+    def stream(call_id: str, phase: vrt.Phase, **fields: object) -> vrt.ToolStream:
+        return vrt.ToolStream(
+            call_id=call_id,
+            turn_id="t_1",
+            epoch=2,
+            name="x",
+            kind="server",
+            phase=phase,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    log: list[vrt.Event] = [
+        vrt.TurnStarted(turn_id="t_1", epoch=2),
+        stream("a", P.START),
+        stream("b", P.START),
+        stream("c", P.START),
+        stream("d", P.START),
+        stream("a", P.ARGUMENTS_COMPLETE, arguments={}),
+        stream("a", P.SETTLED, ok=True),
+        stream("b", P.FAILED, message="stopped"),
+        stream("c", P.CANCELLED),
+        vrt.TurnEnded(turn_id="t_1", epoch=3, reason="interrupted"),
+        vrt.TurnStarted(turn_id="t_2", epoch=3),
+    ]
+    first, second = seen_turns(log)
+    assert first == SeenTurn(
+        turn_id="t_1",
+        epoch=2,
+        status="interrupted",
+        ended_epoch=3,
+        calls=(
+            SeenCall(call_id="a", name="x", kind="server", code=None),
+            SeenCall(call_id="b", name="x", kind="server", code="FAILED"),
+            SeenCall(call_id="c", name="x", kind="server", code="INTERRUPTED"),
+            SeenCall(call_id="d", name="x", kind="server", code="open"),
+        ),
+    )
+    assert second == SeenTurn(turn_id="t_2", epoch=3, status=None, ended_epoch=None, calls=())
 
 
 def test_colour_only_on_a_tty_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -204,6 +204,7 @@ async def test_stale_tool_call_never_runs() -> None:
     """A scripted raw server sends a tool.call of epoch 0 after the client moved to 1."""
     frames: list[dict[str, Any]] = []
     interrupted = trio.Event()
+    answered = trio.Event()
 
     async def handler(request: WebSocketRequest) -> None:
         ws = await request.accept()
@@ -241,6 +242,7 @@ async def test_stale_tool_call_never_runs() -> None:
             frame = json.loads(await ws.get_message())
             if frame["type"] == "tool.result":
                 frames.append(frame)
+                answered.set()
             if frame["type"] == "close":
                 await ws.send_message(json.dumps({"type": "closed", "seq": 3, "reason": "client"}))
 
@@ -256,8 +258,7 @@ async def test_stale_tool_call_never_runs() -> None:
             client.interrupt()
             interrupted.set()
             with trio.fail_after(5):
-                while len(frames) < 3:
-                    await trio.sleep(0.01)
+                await answered.wait()
         nursery.cancel_scope.cancel()  # the client closed first; the raw server goes
     assert frames[1] == {"type": "interrupt", "seq": 2, "epoch": 1}
     assert frames[2]["callId"] == "c1" and frames[2]["epoch"] == 0
@@ -303,6 +304,7 @@ async def test_with_tool_stream_v1_streams_and_previews(vrt_serve: Serve) -> Non
 
 async def test_app_tool_timeout_aborts_in_the_client(vrt_serve: Serve) -> None:
     aborted: list[str | None] = []
+    stopped = trio.Event()
 
     @vrt.app_tool(parameters=OBJ)
     async def edit(args: Any, ctx: Any) -> None:
@@ -310,13 +312,13 @@ async def test_app_tool_timeout_aborts_in_the_client(vrt_serve: Serve) -> None:
             await trio.sleep(10)
         finally:
             aborted.append(ctx.signal.reason)
+            stopped.set()
 
     server = await vrt_serve(agent([vrt.call("edit", {"i": 1})], client_tool_timeout=0.2))
     async with vrt.connect(server.url, tools=[edit]) as client:
         events = await run_turn(client)
         with trio.fail_after(2):
-            while not aborted:
-                await trio.sleep(0.01)
+            await stopped.wait()
     settle = next(e for e in events if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED)
     assert (settle.ok, settle.code) == (False, vrt.ResultCode.TIMEOUT)
     assert "may still have completed" in (settle.message or "")
@@ -433,3 +435,24 @@ async def test_client_close_ends_the_server_session(vrt_pair: Any) -> None:
     async with vrt_pair(agent([vrt.say("hi")])) as client:
         await run_turn(client)
     assert client.closed == vrt.Closed(reason="client")
+
+
+async def test_a_calls_stream_frames_precede_its_tool_call(vrt_serve: Serve) -> None:
+    """The app never runs a call whose start it has not seen (frames leave in engine order)."""
+    unseen = []
+
+    async def check(ctx: Any) -> None:
+        seen = {e.call_id for e in drain(events) if isinstance(e, vrt.ToolStream)}
+        if ctx.call_id not in seen:
+            unseen.append(ctx.call_id)
+
+    @vrt.app_tool()
+    async def highlight(args: Any, ctx: Any) -> None:
+        await check(ctx)
+
+    server = await vrt_serve(agent([vrt.call("highlight", {}) for _ in range(20)]))
+    async with vrt.connect(server.url, tools=[highlight]) as client, client.subscribe() as ch:
+        events = Log(ch)
+        await client.send_text("go")
+        await until(events, settled)
+    assert unseen == []

@@ -308,7 +308,7 @@ class Call:
 
     def _emit(self, phase: Phase, **fields: Any) -> None:
         session = self.turn.session
-        if not session.subscribers:
+        if not session.watched:
             return
         turn = self.turn
         session.emit(

@@ -177,18 +177,17 @@ class Client:
     async def _handshake(self) -> None:
         """Send ``hello`` and read until ``welcome`` (before any task runs)."""
         self.proto.hello()
-        for frame in self.proto.take_outbox():
+        for hello in self.proto.take_outbox():
             try:
-                await self._ws.send_message(frame)
+                await self._ws.send_message(hello)
             except ConnectionClosed:
                 raise RemoteProtocolError(
                     "CLOSED", "the server closed the connection during the handshake"
                 ) from None
         refusal: m.Error | None = None
-        frame: Any
         while self.proto.session_id is None:
             try:
-                frame = await self._ws.get_message()
+                frame: Any = await self._ws.get_message()
             except ConnectionClosed:
                 raise RemoteProtocolError(
                     "CLOSED", "the server closed the connection during the handshake"

@@ -31,7 +31,6 @@ from vrt._call import Call
 from vrt._events import ConfirmRequest, TextDelta, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._results import ResultCode, ToolResult
 from vrt._session import Session, open_session
-from vrt._subscription import Subscription
 from vrt._wire import messages as m
 from vrt._wire.server import MAX_MESSAGE_SIZE, ServerProtocol
 from vrt.models import ToolSpec
@@ -89,7 +88,7 @@ async def serve(
                 functools.partial(_handle, agent, options),
                 listeners,
                 handler_nursery=nursery,
-                max_message_size=max(4 * max_message_size, max_message_size + (1 << 16)),
+                max_message_size=4 * max_message_size,
             )
             await nursery.start(ws_server.run)
             task_status.started(Server(host=host, port=ws_server.port))
@@ -148,6 +147,7 @@ class _Connection:
         self.out, self._frames = trio.open_memory_channel[str](math.inf)
         self.inputs, self._inputs = trio.open_memory_channel[str](math.inf)
         self.session: Session | None = None
+        self._scope: trio.CancelScope | None = None
         self.pending: dict[str, _Pending] = {}
         self.issued: set[str] = set()
 
@@ -164,6 +164,13 @@ class _Connection:
                     hello = await self._handshake()
                     if hello is not None:
                         await self._serve(hello)
+                except Exception:  # a bug: the peer learns only that it happened
+                    log.exception("session %s failed", self.proto.session_id)
+                    if self.proto.state != "closed":
+                        self.proto.error(
+                            m.INTERNAL, "internal server error", numbered=self.proto.state == "open"
+                        )
+                        self.proto.close("server")
                 finally:
                     self.flush()
                     self.out.close()
@@ -210,8 +217,9 @@ class _Connection:
             self.agent, session_id=self.proto.session_id, app_tools=specs, app_host=self
         ) as session:
             self.session = session
-            async with session.subscribe() as events, trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump, events)
+            session.listen(self._on_event)  # frames in the engine's own order
+            async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
                 nursery.start_soon(self._turns, session)
                 nursery.start_soon(self._acks)
                 await self._reader(session)
@@ -250,62 +258,64 @@ class _Connection:
             if self.proto.send_ack():
                 self.flush()
 
-    async def _pump(self, events: Subscription[Any]) -> None:
-        """Session events to frames."""
+    def _on_event(self, event: Any) -> None:
+        """A session event to a frame, synchronously (a session listener)."""
         proto = self.proto
-        streams = m.TOOL_STREAM_V1 in proto.capabilities
-        async for event in events:
-            if isinstance(event, ToolStream):
-                if streams:
-                    proto.send(
-                        m.ToolStreamMessage,
-                        call_id=event.call_id,
-                        turn_id=event.turn_id,
-                        epoch=event.epoch,
-                        name=event.name,
-                        kind=event.kind,
-                        phase=str(event.phase),
-                        delta=event.delta,
-                        arguments=event.arguments,
-                        progress=event.progress,
-                        ok=event.ok,
-                        code=None if event.code is None else str(event.code),
-                        message=event.message,
-                    )
-            elif isinstance(event, ToolPreview):
+        if proto.state != "open":
+            return
+        if isinstance(event, ToolStream):
+            if m.TOOL_STREAM_V1 in proto.capabilities:
                 proto.send(
-                    m.ToolPreviewMessage,
+                    m.ToolStreamMessage,
                     call_id=event.call_id,
-                    turn_id=event.turn_id,
-                    name=event.name,
-                    arguments=event.arguments,
-                    complete=event.complete,
-                )
-            elif isinstance(event, TextDelta):
-                proto.send(m.TextDeltaMessage, turn_id=event.turn_id, text=event.text)
-            elif isinstance(event, TurnStarted):
-                proto.send(m.TurnStartedMessage, turn_id=event.turn_id, epoch=event.epoch)
-            elif isinstance(event, TurnEnded):
-                proto.send(
-                    m.TurnEndedMessage,
                     turn_id=event.turn_id,
                     epoch=event.epoch,
-                    reason=event.reason,
-                )
-            elif isinstance(event, ConfirmRequest):
-                proto.send(
-                    m.ConfirmRequestMessage,
-                    call_id=event.call_id,
                     name=event.name,
+                    kind=event.kind,
+                    phase=str(event.phase),
+                    delta=event.delta,
                     arguments=event.arguments,
-                    risk=event.risk,
-                    prompt=event.prompt,
+                    progress=event.progress,
+                    ok=event.ok,
+                    code=None if event.code is None else str(event.code),
+                    message=event.message,
                 )
-            if proto.overflowed:
-                proto.close("overflow")
-            self.flush()
-            if proto.state == "closed":
-                return
+        elif isinstance(event, ToolPreview):
+            proto.send(
+                m.ToolPreviewMessage,
+                call_id=event.call_id,
+                turn_id=event.turn_id,
+                name=event.name,
+                arguments=event.arguments,
+                complete=event.complete,
+            )
+        elif isinstance(event, TextDelta):
+            proto.send(m.TextDeltaMessage, turn_id=event.turn_id, text=event.text)
+        elif isinstance(event, TurnStarted):
+            proto.send(m.TurnStartedMessage, turn_id=event.turn_id, epoch=event.epoch)
+        elif isinstance(event, TurnEnded):
+            proto.send(
+                m.TurnEndedMessage, turn_id=event.turn_id, epoch=event.epoch, reason=event.reason
+            )
+        elif isinstance(event, ConfirmRequest):
+            proto.send(
+                m.ConfirmRequestMessage,
+                call_id=event.call_id,
+                name=event.name,
+                arguments=event.arguments,
+                risk=event.risk,
+                prompt=event.prompt,
+            )
+        if proto.overflowed:
+            self.end("overflow")
+        self.flush()
+
+    def end(self, reason: str) -> None:
+        """Close the session for good with ``reason`` (the writer sends ``closed`` last)."""
+        self.proto.close(reason)
+        self.flush()
+        if self._scope is not None:
+            self._scope.cancel()
 
     # -- acting on client messages ------------------------------------------------------------
 

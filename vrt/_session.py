@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import trio
@@ -54,6 +54,9 @@ class Session:
         """Raised by one on every interrupt; every turn and call carries the epoch it ran in."""
         self.history: list[HistoryItem] = []
         self.subscribers: list[trio.MemorySendChannel[Event]] = []
+        self.listeners: list[Callable[[Event], None]] = []
+        self.watched = False
+        """Whether anyone receives events (the engine builds none otherwise)."""
         self._nursery: trio.Nursery | None = None  # the turns' nursery, see host()
         self._machine = SESSION.new()
         self._machine.send("accept")
@@ -86,16 +89,38 @@ class Session:
             raise SessionClosed("the session is closed")
         send, receive = trio.open_memory_channel[Event](math.inf)
         self.subscribers.append(send)
+        self.watched = True
         try:
             async with receive:
                 yield Subscription(receive)
         finally:
             if send in self.subscribers:
                 self.subscribers.remove(send)
+            self.watched = bool(self.subscribers or self.listeners)
             send.close()
 
+    def listen(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``listener(event)`` synchronously for every event, in engine order; returns
+        a function that stops it.
+
+        For transports (``vrt.serve`` turns events into frames this way, so a call's
+        ``tool.stream`` frames always precede its ``tool.call``). A listener must not block
+        or raise.
+        """
+        self.listeners.append(listener)
+        self.watched = True
+
+        def stop() -> None:
+            if listener in self.listeners:
+                self.listeners.remove(listener)
+            self.watched = bool(self.subscribers or self.listeners)
+
+        return stop
+
     def emit(self, event: Event) -> None:
-        """Deliver ``event`` to every subscriber, synchronously."""
+        """Deliver ``event`` to every listener and subscriber, synchronously."""
+        for listener in self.listeners:
+            listener(event)
         gone = None
         for channel in self.subscribers:
             try:
@@ -105,6 +130,7 @@ class Session:
         if gone:
             for channel in gone:
                 self.subscribers.remove(channel)
+            self.watched = bool(self.subscribers or self.listeners)
 
     async def start_turn(self, text: str) -> Turn:
         """Start a turn for the user's ``text`` and return it (await ``turn.wait()``).
@@ -126,7 +152,7 @@ class Session:
             turn = Turn(self, f"t_{self._turns}", self.epoch)
             self._turn = turn
             self.history.append(UserInput(turn_id=turn.turn_id, text=text))
-            if self.subscribers:
+            if self.watched:
                 self.emit(TurnStarted(turn_id=turn.turn_id, epoch=turn.epoch))
             assert self._nursery is not None
             self._nursery.start_soon(turn.run)
@@ -159,6 +185,8 @@ class Session:
         for channel in self.subscribers:
             channel.close()
         self.subscribers.clear()
+        self.listeners.clear()
+        self.watched = False
 
     async def host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the nursery the session's turns run in, until :meth:`close` cancels it.

@@ -202,7 +202,7 @@ class Turn:
                     nursery.start_soon(call.run)
                 elif isinstance(event, Text):
                     self._text.append(event.text)
-                    if session.subscribers:
+                    if session.watched:
                         session.emit(TextDelta(turn_id=self.turn_id, text=event.text))
                 else:
                     raise ModelError(f"the model streamed {event!r}, not a vrt.models event")
@@ -251,7 +251,7 @@ class Turn:
         self._calls = []
         self._records = []
         self.session.turn_ended(self)
-        if self.session.subscribers:
+        if self.session.watched:
             self.session.emit(
                 TurnEnded(turn_id=self.turn_id, epoch=self.session.epoch, reason=status)
             )

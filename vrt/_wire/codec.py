@@ -26,11 +26,14 @@ from vrt._wire.fastcheck import Check, compile_schema
 class DecodeError(Exception):
     """A frame the codec refuses; ``code`` is the wire error code, ``ref`` the frame's seq."""
 
-    def __init__(self, code: str, message: str, ref: int | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, ref: int | None = None, type_: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.ref = ref
+        self.type = type_
 
 
 def _camel(name: str) -> str:
@@ -106,6 +109,8 @@ def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
     """One frame to one message record of the ``allowed`` types, or raise DecodeError."""
     try:
         data = json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        raise DecodeError(m.BAD_JSON, "the frame is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(m.BAD_JSON, f"the frame is not JSON: {_short(exc)}") from None
     if not isinstance(data, dict):
@@ -120,17 +125,20 @@ def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
     type_ = cls.TYPE
     fast, full = _VALIDATORS[type_]
     if not fast(data):
-        error = jsonschema.exceptions.best_match(full.iter_errors(data))
         detail = "does not match its schema"
+        try:
+            error = jsonschema.exceptions.best_match(full.iter_errors(data))
+        except RecursionError:
+            error, detail = None, "nested too deeply"
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(message)"
             detail = f"{where}: {_short(error.message)}"
-        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {detail}", ref)
+        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {detail}", ref, type_)
     del data["type"]
     try:
         return _converter.structure(data, cls)
     except Exception as exc:  # the schema should have caught it; never leak a traceback
-        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {_short(exc)}", ref) from None
+        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {_short(exc)}", ref, type_) from None
 
 
 def encode(message: Any) -> str:

@@ -50,7 +50,7 @@ class ServerProtocol(Endpoint):
         if self.state == "closed":
             return []
         in_session = self.state == "open"
-        if len(frame) > self.max_message_size:  # str length <= byte length: check bytes
+        if len(frame) > self.max_message_size // 4:  # a character is at most 4 bytes
             size = len(frame.encode() if isinstance(frame, str) else frame)
             if size > self.max_message_size:
                 self.error(
@@ -65,6 +65,8 @@ class ServerProtocol(Endpoint):
             if in_session and exc.ref is not None and not self.accept(exc.ref):
                 return []  # a replay we already answered
             self.error(exc.code, exc.message, exc.ref, numbered=in_session)
+            if not in_session and exc.type == m.Hello.TYPE:
+                self.close("rejected")  # an invalid hello
             return []
         if isinstance(message, m.Ack):
             self.peer_acked(message.seq)
@@ -134,4 +136,6 @@ class ServerProtocol(Endpoint):
                 check_parameters(tool.parameters, f"app tool {tool.name!r}")
             except DefinitionError as exc:
                 return m.BAD_MESSAGE, str(exc)
+            except RecursionError:
+                return m.BAD_MESSAGE, f"app tool {tool.name!r}: parameters is nested too deeply"
         return None
