@@ -346,3 +346,47 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr("vrt._cli.run_demo", interrupted)
     assert main(["demo", "--fast"]) == 130
+
+
+async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
+    import signal
+
+    root = Path(__file__).parent.parent
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        with trio.fail_after(20):
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(1)
+        url = line.decode().split(" on ")[1].strip()
+        async with vrt.connect(url) as client, client.subscribe() as events:
+            await client.send_text("ping?")
+            async for event in events:
+                if isinstance(event, vrt.TurnEnded):
+                    break
+        assert event.reason == "finished"
+    finally:
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(10):
+            assert await process.wait() == 130
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("nocolon", "expected MODULE:AGENT"),
+        ("no.such.module:agent", "cannot import"),
+        ("tests.serve_agent:nope", "has no attribute 'nope'"),
+        ("tests.serve_agent:ping", "is not a vrt.Agent"),
+    ],
+)
+def test_vrt_serve_bad_target(target: str, message: str) -> None:
+    from vrt._cli import load_agent
+
+    with pytest.raises(SystemExit, match=message):
+        load_agent(target)

@@ -456,3 +456,37 @@ async def test_a_calls_stream_frames_precede_its_tool_call(vrt_serve: Serve) -> 
         await client.send_text("go")
         await until(events, settled)
     assert unseen == []
+
+
+async def test_barge_in_is_a_server_side_interrupt(vrt_pair: Any) -> None:
+    """Input while a turn is open: the server interrupts it, the app sees its cancelled
+    events from the server and the new epoch, and a running app tool is aborted."""
+    started = trio.Event()
+    aborted: list[str | None] = []
+
+    @vrt.app_tool(parameters=OBJ)
+    async def edit(args: Any, ctx: Any) -> None:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            aborted.append(ctx.signal.reason)
+
+    async with (
+        vrt_pair(agent([vrt.call("edit", {"i": 1})], [vrt.say("new turn")]), [edit]) as client,
+        client.subscribe() as channel,
+    ):
+        events = Log(channel)
+        await client.send_text("first")
+        await started.wait()
+        await client.send_text("second")
+        first = await until(events, settled)
+        second = await until(events, settled)
+        log = drain(events)
+        assert client.epoch == 1
+    assert first == vrt.TurnEnded(turn_id="t_1", epoch=1, reason="interrupted")
+    assert second == vrt.TurnEnded(turn_id="t_2", epoch=1, reason="finished")
+    phases = [e.phase for e in log if isinstance(e, vrt.ToolStream)]
+    assert phases[-1] == P.CANCELLED
+    assert aborted == ["interrupted"]  # tool.abort reached the client
+    assert_stream_valid(log)

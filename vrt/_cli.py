@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -54,7 +55,54 @@ def _parser() -> argparse.ArgumentParser:
         "--fast", action="store_true", help=f"scale every delay by {FAST:g} (for tests)"
     )
     demo.set_defaults(handler=_demo)
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve an agent over vrt/1 WebSockets",
+        description="Import AGENT from MODULE (a vrt.Agent, or a function that returns one) "
+        "and serve it with vrt.serve until interrupted. The current directory is importable.",
+    )
+    serve.add_argument("target", metavar="MODULE:AGENT", help="e.g. myapp.agents:agent")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument(
+        "--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)"
+    )
+    serve.set_defaults(handler=_serve)
     return parser
+
+
+def load_agent(target: str) -> vrt.Agent:
+    """``MODULE:AGENT`` to the agent it names; raises SystemExit with a clear message."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise SystemExit(f"vrt serve: expected MODULE:AGENT, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"vrt serve: cannot import {module_name!r}: {exc}") from None
+    try:
+        agent = getattr(module, attribute)
+    except AttributeError:
+        raise SystemExit(f"vrt serve: {module_name!r} has no attribute {attribute!r}") from None
+    if callable(agent) and not isinstance(agent, vrt.Agent):
+        agent = agent()
+    if not isinstance(agent, vrt.Agent):
+        raise SystemExit(f"vrt serve: {target} is not a vrt.Agent (use vrt.define_agent)")
+    return agent
+
+
+def _serve(args: argparse.Namespace) -> int:
+    agent = load_agent(args.target)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(functools.partial(vrt.serve, agent, args.host, args.port))
+            print(f"vrt serve: {args.target} on {server.url}", flush=True)
+
+    trio.run(run)
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
