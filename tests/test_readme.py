@@ -18,7 +18,7 @@ def test_readme_starts_with_the_two_commands() -> None:
 
 
 def test_tour_example_runs() -> None:
-    (example,) = re.findall(r"```python\n(.*?)\n```", README, re.S)
+    example = re.findall(r"```python\n(.*?)\n```", README, re.S)[0]  # the tour runs as is
     done = subprocess.run(
         [sys.executable, "-c", example], capture_output=True, text=True, timeout=60, check=False
     )
