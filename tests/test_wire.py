@@ -490,3 +490,46 @@ async def test_barge_in_is_a_server_side_interrupt(vrt_pair: Any) -> None:
     assert phases[-1] == P.CANCELLED
     assert aborted == ["interrupted"]  # tool.abort reached the client
     assert_stream_valid(log)
+
+
+def _small_replay_buffer(monkeypatch: pytest.MonkeyPatch, high_water: int) -> None:
+    import functools
+
+    from vrt import _server
+
+    monkeypatch.setattr(
+        _server, "ServerProtocol", functools.partial(_server.ServerProtocol, replay_limit=300)
+    )
+    monkeypatch.setattr(_server, "HIGH_WATER", high_water)
+
+
+@vrt.server_tool(risk="low")
+async def noop(args: Any, ctx: vrt.ToolContext) -> None:
+    return None
+
+
+# ~4,400 frames sent as fast as the server can: a client that reads at its own pace lags
+LONG_TURN = [[vrt.call("noop", {"i": 1}, chunks=8)] * 10 for _ in range(20)]
+
+
+async def test_a_long_turn_is_paced_by_the_clients_acks(
+    vrt_pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _small_replay_buffer(monkeypatch, high_water=150)
+    async with vrt_pair(agent(*LONG_TURN, tools=[noop], max_steps=100)) as client:
+        events = await run_turn(client)
+        assert client.closed is None
+    assert events[-1] == vrt.TurnEnded(turn_id="t_1", epoch=0, reason="finished")
+
+
+async def test_without_pacing_the_replay_buffer_overflows(
+    vrt_pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _small_replay_buffer(monkeypatch, high_water=10**9)
+    async with vrt_pair(agent(*LONG_TURN, tools=[noop], max_steps=100)) as client:
+        async with client.subscribe() as channel:
+            await client.send_text("go")
+            with trio.fail_after(30):
+                log = [event async for event in channel]
+    assert log[-1] == vrt.Closed(reason="overflow")
+    assert_stream_valid(log)

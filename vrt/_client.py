@@ -202,7 +202,17 @@ class Client:
                     )
 
     async def _writer(self) -> None:
-        async for frame in self._frames:
+        frames = self._frames
+        while True:
+            try:  # frames already queued go out without a scheduler pass each
+                frame = frames.receive_nowait()
+            except trio.WouldBlock:
+                try:
+                    frame = await frames.receive()
+                except trio.EndOfChannel:
+                    return
+            except trio.EndOfChannel:
+                return
             try:
                 await self._ws.send_message(frame)
             except ConnectionClosed:

@@ -38,6 +38,8 @@ from vrt.models import ToolSpec
 log = logging.getLogger("vrt.server")
 
 ACK_INTERVAL = 0.2
+HIGH_WATER = 4000
+"""Unacked messages at which the model is held (under the replay buffer's 10,000)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -148,6 +150,7 @@ class _Connection:
         self.inputs, self._inputs = trio.open_memory_channel[str](math.inf)
         self.session: Session | None = None
         self._scope: trio.CancelScope | None = None
+        self._acked = trio.Event()
         self.pending: dict[str, _Pending] = {}
         self.issued: set[str] = set()
 
@@ -217,6 +220,7 @@ class _Connection:
             self.agent, session_id=self.proto.session_id, app_tools=specs, app_host=self
         ) as session:
             self.session = session
+            session.pace = self._pace
             session.listen(self._on_event)  # frames in the engine's own order
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
@@ -228,7 +232,17 @@ class _Connection:
     # -- tasks --------------------------------------------------------------------------------
 
     async def _writer(self) -> None:
-        async for frame in self._frames:
+        frames = self._frames
+        while True:
+            try:  # frames already queued go out without a scheduler pass each
+                frame = frames.receive_nowait()
+            except trio.WouldBlock:
+                try:
+                    frame = await frames.receive()
+                except trio.EndOfChannel:
+                    break
+            except trio.EndOfChannel:
+                break
             try:
                 await self.ws.send_message(frame)
             except ConnectionClosed:
@@ -243,9 +257,19 @@ class _Connection:
                 frame = await self.ws.get_message()
             except ConnectionClosed:
                 return  # no resume yet: the session ends with its connection
+            acked = proto.acked_by_peer
             for message in proto.receive(frame):
                 self._act(session, message)
             self.flush()
+            if proto.acked_by_peer != acked:
+                self._acked.set()
+
+    async def _pace(self) -> None:
+        """Hold the model while the client is more than HIGH_WATER messages behind."""
+        proto = self.proto
+        while proto.sent_seq - proto.acked_by_peer > HIGH_WATER and proto.state == "open":
+            self._acked = trio.Event()
+            await self._acked.wait()
 
     async def _turns(self, session: Session) -> None:
         """Start turns one at a time, in arrival order (``input`` may await a barge-in)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 
 import trio
@@ -46,6 +46,8 @@ class Session:
             app.spec for app in self.app_tools.values()
         )
         """Exactly what the model is offered: server tools, then the client's app tools."""
+        self.pace: Callable[[], Awaitable[None]] | None = None
+        """Awaited before each model event: a transport's flow control (``vrt.serve``)."""
         self.last_app_call: Call | None = None
         """The latest app call: the next one is sent to the client after it."""
         self._confirmations: dict[str, trio.Event] = {}

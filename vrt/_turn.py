@@ -176,8 +176,11 @@ class Turn:
             if hasattr(stream, "aclose")
             else contextlib.nullcontext(stream)
         )
+        pace = session.pace
         async with closing:
             async for event in stream:
+                if pace is not None:  # the transport is behind: wait for the peer
+                    await pace()
                 # an interrupt may land while the model's await had already completed; the
                 # model can then yield buffered events without a checkpoint: drop them
                 await trio.lowlevel.checkpoint_if_cancelled()

@@ -103,10 +103,15 @@ def _type(value: Any) -> Check:
 
 
 def _const(value: Any) -> Check:
+    if type(value) is str:  # the common case: JSON equality of strings is str equality
+        return lambda v: v == value and type(v) is str
     return lambda v: _equal(v, value)
 
 
 def _enum(value: list[Any]) -> Check:
+    if all(type(c) is str for c in value):  # e.g. phase, kind, code: a set lookup
+        options = frozenset(value)
+        return lambda v: type(v) is str and v in options
     return lambda v: any(_equal(v, c) for c in value)
 
 
