@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import trio
 
@@ -68,7 +69,38 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)"
     )
     serve.set_defaults(handler=_serve)
+
+    diagrams = commands.add_parser(
+        "diagrams",
+        help="write the machines' diagrams (Mermaid and SVG), or check they are current",
+        description="Write diagrams/<machine>.mmd (Mermaid), diagrams/<machine>.svg "
+        "(Graphviz) and diagrams/README.md from the classes in machines/. With --check, "
+        "write nothing: exit 1 and name every stale or missing file.",
+    )
+    diagrams.add_argument("--check", action="store_true", help="only check, exit 1 if stale")
+    diagrams.add_argument("--dir", default="diagrams", help="folder (default: %(default)s)")
+    diagrams.set_defaults(handler=_diagrams)
     return parser
+
+
+def _diagrams(args: argparse.Namespace) -> int:
+    from vrt import _diagrams
+
+    folder = Path(args.dir)
+    if args.check:
+        problems = _diagrams.check(folder)
+        for problem in problems:
+            print(f"vrt diagrams --check: {problem}", file=sys.stderr)
+        if problems:
+            print("regenerate them with 'vrt diagrams' and commit them", file=sys.stderr)
+        return 1 if problems else 0
+    try:
+        written = _diagrams.write(folder)
+    except _diagrams.DiagramError as exc:
+        print(f"vrt diagrams: {exc}", file=sys.stderr)
+        return 1
+    print(f"vrt diagrams: wrote {len(written)} files in {folder}/")
+    return 0
 
 
 def load_agent(target: str) -> vrt.Agent:
