@@ -50,6 +50,7 @@ class Call:
 
     __slots__ = (
         "app",
+        "app_scope",
         "arguments",
         "call_id",
         "dispatched",
@@ -57,6 +58,7 @@ class Call:
         "kind",
         "machine",
         "name",
+        "next_app",
         "previous_app",
         "result",
         "signal",
@@ -77,11 +79,17 @@ class Call:
         self.kind: Kind = "app" if self.app is not None else "server"
         # App calls reach the client in the model's call order: each waits until the one
         # before it was sent (or ended) before it is sent itself.
+        # ``client_tool_timeout`` runs from when the call can start in the client, i.e. when
+        # the app call before it has its result, not while it waits its turn there.
         self.dispatched: trio.Event | None = None
         self.previous_app: Call | None = None
+        self.next_app: Call | None = None
+        self.app_scope: trio.CancelScope | None = None
         if self.app is not None:
             self.dispatched = trio.Event()
             self.previous_app = session.last_app_call
+            if self.previous_app is not None:
+                self.previous_app.next_app = self
             session.last_app_call = self
         self.machine = TOOL_CALL.new()
         self.fragments: list[str] = []
@@ -104,7 +112,7 @@ class Call:
         if arguments is None or isinstance(arguments, str):
             text = "".join(self.fragments) if arguments is None else arguments
             try:
-                parsed = json.loads(text)
+                parsed = json.loads(text, parse_constant=_not_json)
             except ValueError:
                 parsed = text  # kept raw; validation answers INVALID
         else:
@@ -213,13 +221,16 @@ class Call:
         previous = self.previous_app
         if previous is not None and previous.dispatched is not None:
             await previous.dispatched.wait()
-        self.previous_app = None
         host = session.app_host
         if host is None:
             result = ToolResult.failure(ResultCode.FAILED, "no app is connected")
         else:
             timeout = session.agent.client_tool_timeout
-            with trio.move_on_after(timeout):
+            self.app_scope = scope = trio.CancelScope()
+            if previous is None or previous.result is not None:
+                scope.deadline = trio.current_time() + timeout
+            self.previous_app = None
+            with scope:
                 self._settle("finish", await host.run_app(self))
                 return
             result = ToolResult.failure(
@@ -291,7 +302,12 @@ class Call:
         self.result = result
         if self.dispatched is not None:
             self.dispatched.set()
-            self.previous_app = None
+            following = self.next_app
+            if following is not None and following.app_scope is not None:
+                # the next app call can start in the client now: its timeout starts
+                timeout = self.turn.session.agent.client_tool_timeout
+                following.app_scope.deadline = trio.current_time() + timeout
+            self.previous_app = self.next_app = None
         self._emit(phase, **fields)
         self.turn.call_ended(self)
 
@@ -332,6 +348,10 @@ class Call:
                 complete=self.text is not None,
             )
         )
+
+
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
 
 
 def _describe(exc: BaseException) -> str:

@@ -155,6 +155,12 @@ class Client:
             log.info("server error %s: %s (ref %s)", item.code, item.message, item.ref)
         elif isinstance(item, Closed):
             self.closed = item
+            proto = self.proto
+            while proto.queue:
+                proto.app_calls.pop(proto.queue.popleft()).machine.send("abort")
+            if self._running is not None:
+                self._running[2].abort("closed")
+                self._running[1].cancel()
             self._emit(item)
             for channel in self._subscribers:
                 channel.close()
@@ -274,7 +280,7 @@ class Client:
             with scope:
                 output = await tool.run(ticket.arguments, ctx)
                 try:
-                    json.dumps(output)
+                    json.dumps(output, allow_nan=False)
                 except (TypeError, ValueError) as exc:
                     return ToolResult.failure(
                         ResultCode.FAILED, f"output is not JSON-serialisable: {exc}"
@@ -345,7 +351,8 @@ async def connect(
                     async with open_client(ws, tools, capabilities=capabilities) as client:
                         yield client
                 finally:
-                    with trio.CancelScope(shield=True):
+                    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+                        scope.shield = True
                         await ws.aclose()
     finally:
         with trio.CancelScope(shield=True):

@@ -39,6 +39,7 @@ log = logging.getLogger("vrt.server")
 
 ACK_INTERVAL = 0.2
 HIGH_WATER = 4000
+STALL_TIMEOUT = 30.0
 """Unacked messages at which the model is held (under the replay buffer's 10,000)."""
 
 
@@ -147,12 +148,14 @@ class _Connection:
             max_message_size=options.max_message_size,
         )
         self.out, self._frames = trio.open_memory_channel[str](math.inf)
-        self.inputs, self._inputs = trio.open_memory_channel[str](math.inf)
+        self.inputs, self._inputs = trio.open_memory_channel[tuple[str, int]](math.inf)
         self.session: Session | None = None
         self._scope: trio.CancelScope | None = None
         self._acked = trio.Event()
         self.pending: dict[str, _Pending] = {}
+        self._interrupts = 0
         self.issued: set[str] = set()
+        self.answered: set[str] = set()
 
     def flush(self) -> None:
         """Hand every frame the protocol queued to the writer, in order."""
@@ -177,6 +180,7 @@ class _Connection:
                 finally:
                     self.flush()
                     self.out.close()
+                    nursery.cancel_scope.deadline = trio.current_time() + 5.0
         finally:
             if self.proto.state == "open":  # cancelled from outside (or the peer vanished)
                 self.proto.close("shutdown")
@@ -248,7 +252,8 @@ class _Connection:
             except ConnectionClosed:
                 return
         if self.proto.state == "closed":
-            await self.ws.aclose()
+            with trio.move_on_after(5.0):
+                await self.ws.aclose()
 
     async def _reader(self, session: Session) -> None:
         proto = self.proto
@@ -265,16 +270,26 @@ class _Connection:
                 self._acked.set()
 
     async def _pace(self) -> None:
-        """Hold the model while the client is more than HIGH_WATER messages behind."""
+        """Hold the model while the client is more than HIGH_WATER messages behind.
+
+        A client that acks nothing for STALL_TIMEOUT seconds while held has stopped reading:
+        the session closes with ``overflow`` (it could never catch up within the buffer).
+        """
         proto = self.proto
         while proto.sent_seq - proto.acked_by_peer > HIGH_WATER and proto.state == "open":
             self._acked = trio.Event()
-            await self._acked.wait()
+            with trio.move_on_after(STALL_TIMEOUT):
+                await self._acked.wait()
+                continue
+            self.end("overflow")
+            await trio.lowlevel.checkpoint()
 
     async def _turns(self, session: Session) -> None:
         """Start turns one at a time, in arrival order (``input`` may await a barge-in)."""
-        async for text in self._inputs:
-            await session.start_turn(text)
+        async for text, generation in self._inputs:
+            turn = await session.start_turn(text)
+            if generation != self._interrupts:
+                turn.interrupt()  # the user interrupted after sending it
 
     async def _acks(self) -> None:
         while True:
@@ -347,17 +362,10 @@ class _Connection:
         proto = self.proto
         if isinstance(message, m.Input):
             session.interrupt()  # barge-in: at once, before the new turn is queued
-            self.inputs.send_nowait(message.text)
+            self.inputs.send_nowait((message.text, self._interrupts))
         elif isinstance(message, m.Interrupt):
-            if message.epoch <= session.epoch:
-                proto.error(
-                    m.STALE_EPOCH,
-                    f"interrupt epoch {message.epoch} is not above "
-                    f"the session's epoch {session.epoch}",
-                    message.seq,
-                )
-            else:
-                session.interrupt(message.epoch)
+            self._interrupts += 1
+            session.interrupt(max(message.epoch, session.epoch + 1))
         elif isinstance(message, m.ToolResultMessage):
             self._result(message)
         elif isinstance(message, m.ConfirmReply):
@@ -372,12 +380,17 @@ class _Connection:
         call_id = message.call_id
         pending = self.pending.get(call_id)
         if pending is None or pending.result is not None:
-            if call_id in self.issued:
-                self.proto.error(
-                    m.DUPLICATE_RESULT, f"call {call_id!r} already has its result", message.seq
+            session = self.session
+            if call_id in self.answered:
+                code, text = m.DUPLICATE_RESULT, f"call {call_id!r} already has its result"
+            elif call_id in self.issued and session is not None and message.epoch < session.epoch:
+                code, text = (
+                    m.STALE_EPOCH,
+                    f"call {call_id!r} was interrupted (epoch {session.epoch})",
                 )
             else:
-                self.proto.error(m.UNKNOWN_CALL, f"no open app call {call_id!r}", message.seq)
+                code, text = m.UNKNOWN_CALL, f"no open app call {call_id!r}"
+            self.proto.error(code, text, message.seq)
             return
         if message.epoch != pending.epoch:
             self.proto.error(
@@ -393,6 +406,7 @@ class _Connection:
             else ToolResult.failure(ResultCode(wire.code or "FAILED"), wire.message)
         )
         pending.done.set()
+        self.answered.add(call_id)
 
     # -- the app host (vrt._call.AppHost) -----------------------------------------------------
 
@@ -411,8 +425,6 @@ class _Connection:
             arguments=call.arguments,
         )
         self.flush()
-        if call.dispatched is not None:
-            call.dispatched.set()
         try:
             await pending.done.wait()
         finally:

@@ -113,6 +113,7 @@ class ClientProtocol(Endpoint):
         for call_id, (view, first) in list(self.views.items()):
             view.send("cancel")
             del self.views[call_id]
+            self._ignored.add(call_id)
             out.append(attrs.evolve(first, phase=Phase.CANCELLED))
         while self.queue:
             self.app_calls.pop(self.queue.popleft()).machine.send("abort")
@@ -177,6 +178,8 @@ class ClientProtocol(Endpoint):
         return out
 
     def _on_welcome(self, msg: m.Welcome) -> list[Any]:
+        if self.connection.state != "connecting":
+            return [m.Error(seq=0, code=m.BAD_STATE, message="from the server: a second welcome")]
         self.connection.send("welcome")
         self.session_id, self.resume_token = msg.session_id, msg.resume_token
         self.capabilities, self.epoch = msg.capabilities, max(self.epoch, msg.epoch)
@@ -277,6 +280,8 @@ class ClientProtocol(Endpoint):
         return []
 
     def _on_confirm_request(self, msg: m.ConfirmRequestMessage) -> list[Any]:
+        if msg.call_id in self._ignored:
+            return []
         return [msg]
 
     def _on_error(self, msg: m.Error) -> list[Any]:

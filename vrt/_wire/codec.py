@@ -108,7 +108,7 @@ def _no_constants(token: str) -> Any:
 # Built once: json.loads/json.dumps build a new decoder/encoder on every call that passes
 # options (about 1 µs a frame each way).
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 
 
 def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
