@@ -155,6 +155,8 @@ class Client:
             log.info("server error %s: %s (ref %s)", item.code, item.message, item.ref)
         elif isinstance(item, Closed):
             self.closed = item
+            if not self.proto.connection.final:  # lost: no resume yet, so the end
+                self.proto.connection.send("close")
             proto = self.proto
             while proto.queue:
                 proto.app_calls.pop(proto.queue.popleft()).machine.send("abort")

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from typing import Any
 
 from vrt._errors import DefinitionError
+from vrt._tables import SESSION
 from vrt._tools import check_parameters
 from vrt._wire import codec
 from vrt._wire import messages as m
@@ -40,10 +41,15 @@ class ServerProtocol(Endpoint):
         self.server_tools = frozenset(server_tools)
         self.supported = tuple(capabilities)
         self.max_message_size = max_message_size
-        self.state = "handshaking"
-        """``handshaking``, ``open`` or ``closed``: the connection, not the session."""
+        self.machine = SESSION.new()
+        """The Session machine: ``handshaking`` until hello is accepted, ``open``, ``closed``."""
         self.capabilities: tuple[str, ...] = ()
         self.app_tools: tuple[m.ToolDecl, ...] = ()
+
+    @property
+    def state(self) -> str:
+        """The Session machine's state (``handshaking``, ``open``, ``closed``)."""
+        return self.machine.state
 
     def receive(self, frame: str | bytes) -> list[Any]:
         """Process one frame; return the client messages the session must act on."""
@@ -87,13 +93,14 @@ class ServerProtocol(Endpoint):
 
     def close(self, reason: str) -> None:
         """Send ``closed`` (final) and stop processing frames."""
-        if self.state == "closed":
+        if self.machine.final:
             return
-        if self.state == "open":
+        in_session = self.state == "open"
+        self.machine.send("close")
+        if in_session:
             self.send(m.ClosedMessage, reason=reason)
         else:
             self.send_unnumbered(m.ClosedMessage, reason=reason)
-        self.state = "closed"
 
     def _hello(self, hello: m.Hello) -> list[Any]:
         problem = self._refusal(hello)
@@ -102,7 +109,7 @@ class ServerProtocol(Endpoint):
             self.error(code, text, hello.seq, numbered=False)
             self.close("rejected")
             return []
-        self.state = "open"
+        self.machine.send("accept")
         self.accept(hello.seq)
         self.capabilities = tuple(c for c in self.supported if c in hello.capabilities)
         self.app_tools = hello.tools
