@@ -8,6 +8,13 @@
 - pytest fixtures (``pytest_plugins = ["vrt.testing"]``): ``vrt_pair`` (the
   :func:`open_pair` factory) and ``vrt_serve`` (serve an agent on loopback port 0 in the
   test's nursery, return the :class:`~vrt.Server`).
+- Hypothesis strategies (Hypothesis is needed only when one is built): :func:`scripts`
+  (model steps of ``vrt.say``/``vrt.call``/``vrt.pause``; also :func:`script_steps`,
+  :func:`tool_calls`, :func:`tool_arguments`) and :func:`interrupt_times`; the agent
+  their calls run against, :func:`scripted_agent` (with :func:`scripted_app_tools` for the
+  client), whose tools do what each call's arguments say, so :func:`expected_result`
+  knows every call's result in advance (:func:`asks_confirmation`, :func:`truncated`);
+  :class:`TurnScripts`, a model that plays one generated script per user input.
 """
 
 from __future__ import annotations
@@ -26,11 +33,40 @@ from vrt._events import Closed, Phase, ToolStream, TurnEnded
 from vrt._groups import single_unwrapped
 from vrt._memory import memory_connection_pair
 from vrt._server import Server, _Options, serve, serve_connection
+from vrt._strategies import (
+    TurnScripts,
+    asks_confirmation,
+    expected_result,
+    interrupt_times,
+    script_steps,
+    scripted_agent,
+    scripted_app_tools,
+    scripts,
+    tool_arguments,
+    tool_calls,
+    truncated,
+)
 from vrt._tables import CALL_VIEW, Machine, StrictMachine
 from vrt._tools import AppTool
 from vrt._wire import messages as m
 
-__all__ = ["assert_stream_valid", "open_pair", "vrt_pair", "vrt_serve"]
+__all__ = [
+    "TurnScripts",
+    "asks_confirmation",
+    "assert_stream_valid",
+    "expected_result",
+    "interrupt_times",
+    "open_pair",
+    "script_steps",
+    "scripted_agent",
+    "scripted_app_tools",
+    "scripts",
+    "tool_arguments",
+    "tool_calls",
+    "truncated",
+    "vrt_pair",
+    "vrt_serve",
+]
 
 _EVENT_OF_PHASE = {
     Phase.ARGUMENTS_DELTA: "delta",
