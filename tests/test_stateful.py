@@ -41,6 +41,7 @@ import collections
 import contextlib
 import json
 import queue
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -406,6 +407,10 @@ class EngineMachine(RuleBasedStateMachine):
                 self.session.interrupt()
             elif turn is not None:
                 turn.interrupt()
+            elif self.turns:  # an ended turn: interrupting it does nothing
+                epoch = self.session.epoch
+                list(self.turns.values())[-1].interrupt()
+                assert self.session.epoch == epoch, "interrupting an ended turn moved the epoch"
             if turn is not None:
                 assert turn.state not in ("generating", "awaiting"), turn
                 self.check_all_cancelled(turn.turn_id)
@@ -504,7 +509,15 @@ class EngineMachine(RuleBasedStateMachine):
         self.stepper.finish()
         closed = [i for i, e in enumerate(self.log) if isinstance(e, vrt.Closed)]
         assert closed == [len(self.log) - 1], f"Closed at {closed} of {len(self.log)} events"
+        assert self.log[-1].reason == "client", self.log[-1]
         assert_stream_valid(self.log)
+        if self.client is not None:
+            try:
+                self.client.interrupt()
+            except vrt.SessionClosed:
+                pass
+            else:
+                raise AssertionError("interrupt() on a closed client")
         if self.session is not None:
             assert set(self.turns) == set(self.results) | self.unended
             assert len(self.unended) <= 1
@@ -741,6 +754,12 @@ def coverage(machine: EngineMachine) -> set[str]:
 
 class WireMachine(EngineMachine):
     wire = True
+
+
+def test_vrt_testing_imports_without_hypothesis() -> None:
+    """The strategies import Hypothesis when one is built, not with ``vrt.testing``."""
+    code = "import sys, vrt.testing; assert 'hypothesis' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 SETTINGS = settings(

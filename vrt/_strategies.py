@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from vrt._agent import Agent, CallInfo, Decision, Reject, Rewrite, define_agent
+from vrt._agent import Agent, BeforeToolCall, CallInfo, Decision, Reject, Rewrite, define_agent
 from vrt._confirm import require_confirmation
 from vrt._context import ToolContext
 from vrt._errors import InvalidArguments
 from vrt._results import ResultCode, ToolResult
 from vrt._scripted import ScriptedCall, ScriptedModel, ScriptItem, call, pause, say
 from vrt._tools import AppTool, ServerTool, schema_validator
-from vrt.models import ModelEvent, ModelRequest, UserInput
+from vrt.models import Model, ModelEvent, ModelRequest, UserInput
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -202,7 +202,7 @@ def _asks(name: str, kind: str, arguments: Any) -> bool:
     return name == "charge"  # the only high-risk tool
 
 
-def _hook(confirm: bool) -> Any:
+def _hook(confirm: bool) -> BeforeToolCall:
     ask_user = require_confirmation("low", apps=True)
 
     async def before_tool_call(info: CallInfo) -> Decision:
@@ -236,7 +236,7 @@ def _agent(app_tools: bool, confirm: bool, max_steps: int) -> Agent:
 
 
 def scripted_agent(
-    model: Any = None,
+    model: Model | None = None,
     *,
     app_tools: bool = False,
     confirm: bool = False,
@@ -248,8 +248,8 @@ def scripted_agent(
     client's app tools (:func:`scripted_app_tools`); ``confirm=True`` makes the hook ask
     the user before the calls :func:`asks_confirmation` names.
     """
-    model = model if model is not None else TurnScripts()
-    return attrs.evolve(_agent(app_tools, confirm, max_steps), model=model)
+    chosen: Model = model if model is not None else TurnScripts()
+    return attrs.evolve(_agent(app_tools, confirm, max_steps), model=chosen)
 
 
 # -- what each call must end with -------------------------------------------------------------
