@@ -23,6 +23,7 @@ from vrt._context import Signal, ToolContext
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
 from vrt._events import Closed, ConfirmRequest, Event
 from vrt._groups import single_unwrapped
+from vrt._memory import send_frames
 from vrt._results import ResultCode, ToolResult
 from vrt._subscription import Subscription
 from vrt._tools import AppTool
@@ -210,21 +211,7 @@ class Client:
                     )
 
     async def _writer(self) -> None:
-        frames = self._frames
-        while True:
-            try:  # frames already queued go out without a scheduler pass each
-                frame = frames.receive_nowait()
-            except trio.WouldBlock:
-                try:
-                    frame = await frames.receive()
-                except trio.EndOfChannel:
-                    return
-            except trio.EndOfChannel:
-                return
-            try:
-                await self._ws.send_message(frame)
-            except ConnectionClosed:
-                return
+        await send_frames(self._frames, self._ws)
 
     async def _reader(self) -> None:
         frame: Any

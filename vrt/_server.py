@@ -29,6 +29,7 @@ from trio_websocket import (
 from vrt._agent import Agent
 from vrt._call import Call
 from vrt._events import ConfirmRequest, TextDelta, ToolPreview, ToolStream, TurnEnded, TurnStarted
+from vrt._memory import send_frames
 from vrt._results import ResultCode, ToolResult
 from vrt._session import Session, open_session
 from vrt._wire import messages as m
@@ -236,21 +237,8 @@ class _Connection:
     # -- tasks --------------------------------------------------------------------------------
 
     async def _writer(self) -> None:
-        frames = self._frames
-        while True:
-            try:  # frames already queued go out without a scheduler pass each
-                frame = frames.receive_nowait()
-            except trio.WouldBlock:
-                try:
-                    frame = await frames.receive()
-                except trio.EndOfChannel:
-                    break
-            except trio.EndOfChannel:
-                break
-            try:
-                await self.ws.send_message(frame)
-            except ConnectionClosed:
-                return
+        if not await send_frames(self._frames, self.ws):
+            return
         if self.proto.state == "closed":
             with trio.move_on_after(5.0):
                 await self.ws.aclose()
