@@ -89,6 +89,10 @@ SECONDS = st.one_of(
     st.floats(0, 5, allow_nan=False),
 )
 
+IN_PROCESS_SCRIPTS = scripts(("lookup", "charge", "nope"))  # no app tool in process
+WIRE_SCRIPTS = scripts()  # lookup, charge, edit (the client's), nope
+SCRIPTS = st.runner().flatmap(lambda machine: WIRE_SCRIPTS if machine.wire else IN_PROCESS_SCRIPTS)
+
 Op = Callable[[], Awaitable[bool | None]]
 """A rule's async part; returning True ends the program (after a close)."""
 
@@ -373,12 +377,12 @@ class EngineMachine(RuleBasedStateMachine):
         self.run(op)
 
     @precondition(lambda self: not self.closed and self.open_turn() is None)
-    @rule(script=scripts(), at=interrupt_times(), ticks=TICKS)
+    @rule(script=SCRIPTS, at=interrupt_times(), ticks=TICKS)
     def start_turn(self, script: list[list[Any]], at: float, ticks: int) -> None:
         self._start(script, at, ticks)
 
     @precondition(lambda self: not self.closed and self.open_turn() is not None)
-    @rule(script=scripts(), at=interrupt_times(), ticks=TICKS)
+    @rule(script=SCRIPTS, at=interrupt_times(), ticks=TICKS)
     def barge_in(self, script: list[list[Any]], at: float, ticks: int) -> None:
         self._start(script, at, ticks)
 
