@@ -78,7 +78,11 @@ class Turn:
         """Wait for the turn to end and return its result.
 
         Cancelling the wait does not affect the turn. Raises :class:`~vrt.SessionClosed`
-        if the session closed before the turn ended.
+        if the session closed before the turn ended. A close that lands after the Turn
+        machine already reached its end (or began unwinding an interrupt) but before the
+        turn's task published it does not undo that end: Trio delivers the cancellation at
+        the task's next checkpoint, so the result is returned, consistent with every call's
+        result, and no ``TurnEnded`` follows the session's ``Closed``.
         """
         await self._ended.wait()
         if self._result is None:
