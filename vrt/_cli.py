@@ -13,6 +13,7 @@ from pathlib import Path
 import trio
 
 import vrt
+from vrt import check as vrt_check
 from vrt._demo import FAST, run_demo
 
 Handler = Callable[[argparse.Namespace], int]
@@ -80,6 +81,21 @@ def _parser() -> argparse.ArgumentParser:
     diagrams.add_argument("--check", action="store_true", help="only check, exit 1 if stale")
     diagrams.add_argument("--dir", default="diagrams", help="folder (default: %(default)s)")
     diagrams.set_defaults(handler=_diagrams)
+
+    check = commands.add_parser(
+        "check",
+        help="model-check the machines and the engine's rules around them",
+        description="Check each machine's compiled table against its class (every (state, "
+        "event) pair, reachability, no dead event), then explore the composed model (tool "
+        "calls, the turn, the client's call views and app calls, an ordered network that "
+        "drops and resumes, user and server interrupts) breadth first over every "
+        "interleaving within the bounds, and print states, transitions, seconds and "
+        "violations, each with a short trace. Known engine defects (vrt.check.DEFECTS) are "
+        "modelled as the engine does them; --fixed models them fixed. Exits 1 on any "
+        "violation or machine problem.",
+    )
+    vrt_check.add_arguments(check)
+    check.set_defaults(handler=_check)
     return parser
 
 
@@ -101,6 +117,10 @@ def _diagrams(args: argparse.Namespace) -> int:
         return 1
     print(f"vrt diagrams: wrote {len(written)} files in {folder}/")
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    return vrt_check.run(args)
 
 
 def load_agent(target: str) -> vrt.Agent:

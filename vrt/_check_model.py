@@ -1,0 +1,213 @@
+"""``vrt check``, part two: the composed model.
+
+:mod:`vrt.check` documents what is modelled and what is abstracted. The model is split in
+parts: the vocabulary (:mod:`vrt._check_state`: invariants, state layout, messages, the
+table helpers), the server's actions (:mod:`vrt._check_server`) and the client's
+(:mod:`vrt._check_client`). :class:`Model` puts them together: the initial state, the list
+of named actions, the reduction's predicates, and the check of states at rest. An action is
+a named function ``(state) -> state | None`` (None: not enabled); an invariant broken by a
+step raises :class:`~vrt._check_state.Broken` from inside it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection
+
+from vrt._check_client import ClientRules
+from vrt._check_server import ServerRules
+from vrt._check_state import (
+    BREAKABLE,
+    C_RESULTS,
+    CLIENT,
+    DEFECTS,
+    ENV,
+    F_C2S,
+    F_CALLS,
+    F_CEPOCH,
+    F_CLIENT,
+    F_CONN,
+    F_DEAD,
+    F_DROPS,
+    F_FIRST,
+    F_LAST_BEGUN,
+    F_QUEUE,
+    F_RUNNING,
+    F_S2C,
+    F_SEPOCH,
+    F_SERVER_INTERRUPTS,
+    F_SESSION,
+    F_TURN,
+    F_USER_INTERRUPTS,
+    SERVER,
+    SHOWN_NOTHING,
+    SHOWN_OPEN,
+    TURN_EPOCH,
+    V_SHOWN,
+    WINDOW,
+    Action,
+    Broken,
+    State,
+    describe,
+    must,
+    name,
+)
+from vrt._tables import CONNECTION, SESSION, TURN
+
+
+class Model(ServerRules, ClientRules):
+    """The composed model for one set of bounds and rules."""
+
+    def __init__(
+        self,
+        calls: int = 3,
+        user_interrupts: int = 1,
+        server_interrupts: int = 0,
+        drops: int = 1,
+        *,
+        phases: bool = False,
+        broken: str | None = None,
+        defects: Collection[str] = tuple(DEFECTS),
+    ) -> None:
+        if min(calls, user_interrupts, server_interrupts, drops) < 0:
+            raise ValueError("bounds must not be negative")
+        if broken is not None and broken not in BREAKABLE:
+            raise ValueError(f"unknown rule {broken!r}; breakable: {', '.join(BREAKABLE)}")
+        unknown = set(defects) - set(DEFECTS)
+        if unknown:
+            raise ValueError(f"unknown defect {sorted(unknown)}; known: {', '.join(DEFECTS)}")
+        self.calls, self.drops, self.phases = calls, drops, phases
+        self.user_interrupts, self.server_interrupts = user_interrupts, server_interrupts
+        self.broken = broken
+        self.late_dispatch = "late-dispatch" in defects
+        self.run_after_cancel = "run-after-cancel" in defects
+        self.overtake = "overtake" in defects
+        self.actions = self._actions()
+
+    def initial(self) -> State:
+        """The turn has just started in epoch 0; session and connection are open."""
+        session = must(SESSION, SESSION.initial, "accept", "hello")
+        connection = must(CONNECTION, CONNECTION.initial, "welcome", "welcome")
+        blank = (None, False, None, SHOWN_NOTHING)
+        return (
+            TURN.initial, 0, TURN_EPOCH, session, (), (), (), False,
+            connection, TURN_EPOCH, (blank,) * self.calls, (), (), -1, 0, 0, 0,
+        )  # fmt: skip
+
+    def _actions(self) -> list[Action]:
+        p = functools.partial
+        out = [
+            Action(SERVER, f"model: starts {name(i)} ({kind} tool)", p(self.start_call, i, kind))
+            for i in range(self.calls)
+            for kind in ("app", "server")
+        ]
+        for i in range(self.calls):
+            c = name(i)
+            if self.phases:
+                out += [
+                    Action(SERVER, f"model: streams a delta of {c}", p(self.delta, i)),
+                    Action(SERVER, f"server tool: {c} reports progress", p(self.progress, i)),
+                ]
+            out += [
+                Action(SERVER, f"model: completes {c}'s arguments", p(self.complete, i)),
+                Action(SERVER, f"hook: allows {c}", p(self.allow, i)),
+                Action(SERVER, f"hook: declines {c}", p(self.decline, i)),
+                Action(SERVER, f"server tool: {c} returns", p(self.finish, i)),
+                Action(SERVER, f"server: sends {c} to the app (tool.call)", p(self.dispatch, i)),
+                Action(SERVER, f"server: {c} times out (tool.abort, TIMEOUT)", p(self.timeout, i)),
+                Action(SERVER, f"server: {c}'s task unwinds (tool.abort)", p(self.unwind, i)),
+                Action(CLIENT, f"app: the tool of {c} returns", p(self.app_returns, i)),
+            ]
+        out += [
+            Action(SERVER, "model: ends the step", self.end_step),
+            Action(SERVER, "server: next model step", self.next_step),
+            Action(SERVER, "server: finishes the turn at max_steps", self.max_steps),
+            Action(SERVER, "server: interrupts the turn (barge-in)", self.server_interrupt),
+            Action(SERVER, "server: the turn has unwound", self.unwound),
+            Action(SERVER, "server: closes the session", self.close, WINDOW, ENV),
+            Action(SERVER, "server: notices the drop (detached)", self.detach, WINDOW),
+            Action(SERVER, "server: the detached session expires", self.expire, WINDOW),
+            Action(SERVER, lambda s: f"server <- {describe(s[F_C2S][0])}", self.server_receives),
+            Action(CLIENT, lambda s: f"client <- {describe(s[F_S2C][0])}", self.client_receives),
+            Action(CLIENT, "client: the user interrupts", self.user_interrupt),
+            Action(CLIENT, lambda s: f"client: begins {name(s[F_QUEUE][0])}", self.begin),
+            Action(CLIENT, "network: the connection drops (client: lost)", self.lost, env=ENV),
+            Action(SERVER, "server: the client resumes the session (replay)", self.resume, WINDOW),
+            Action(CLIENT, "client: resuming fails, the session is gone", self.give_up, WINDOW),
+        ]
+        return out
+
+    def down(self, s: State) -> bool:
+        """Whether the connection is down: then only the drop's own moves are explored.
+
+        With exact replay, anything else done while the connection is down (server steps,
+        the user's actions) commutes with the drop: it is the same, action for action, as
+        doing it just before the drop, which the exploration covers.
+        """
+        return bool(s[F_DEAD])
+
+    def subsume(self, s: State) -> State:
+        """A resumed state is the state before the drop with the drop spent; that state
+        (drop unspent) can do all it can and more, so it stands for it."""
+        if s[F_DROPS] and s[F_CONN] == "open" and s[F_SESSION] == "open":
+            return (*s[:F_DROPS], 0, *s[F_DROPS + 1 :])
+        return s
+
+    def client_first(self, s: State) -> bool:
+        """Whether the client's enabled actions alone are an ample set at ``s``.
+
+        Partial-order reduction (see :mod:`vrt.check`): the client's actions touch only the
+        client's fields, the head of the server-to-client channel and the tail of the other
+        one, so they commute with every server action. When the client can receive (its
+        connection is open and a message waits), no server action can enable or disable a
+        client action, and the client's enabled actions may be explored alone.
+        """
+        return bool(s[F_S2C]) and s[F_CONN] == "open"
+
+    def server_first(self, s: State) -> bool:
+        """Whether the server's enabled actions alone are an ample set at ``s`` (the mirror
+        of :meth:`client_first`): the server can receive, and no client action can enable a
+        server action (the socket can no longer die unnoticed by the server)."""
+        lost_possible = s[F_CONN] == "open" and s[F_DROPS] < self.drops
+        return bool(s[F_C2S]) and s[F_SESSION] == "open" and not lost_possible
+
+    def canonical(self, s: State) -> State:
+        """``s`` with the fields no action will read again reset, so that states that differ
+        only there are one state. Once the session is closed the server's fields and the
+        client-to-server channel are dead, and so is the server-to-client channel unless the
+        client is still connected to drain it; once the client is closed too, nothing is
+        left to check and every such state is one (the answer of a tool that returns after
+        ``closed`` is not modelled)."""
+        if s[F_SESSION] != "closed":
+            return s
+        w = list(s)
+        w[F_TURN], w[F_FIRST], w[F_SEPOCH], w[F_CALLS] = "", 0, 0, ()
+        w[F_C2S], w[F_DEAD], w[F_SERVER_INTERRUPTS] = (), False, 0
+        if s[F_CONN] != "open":
+            w[F_S2C] = ()
+        if s[F_CONN] == "closed":
+            blank = (None, False, None, SHOWN_NOTHING)
+            w[F_CEPOCH], w[F_CLIENT], w[F_QUEUE], w[F_RUNNING] = 0, (blank,) * self.calls, (), ()
+            w[F_LAST_BEGUN], w[F_USER_INTERRUPTS], w[F_DROPS] = -1, 0, 0
+        return tuple(w)
+
+    # -- at rest -------------------------------------------------------------------------------
+
+    def check_at_rest(self, s: State) -> None:
+        """Raise :class:`Broken` if a state at rest breaks an end-state rule.
+
+        At rest: nothing can happen but the environment's actions (the session may always
+        close, the connection may drop), i.e. the engine and the app have nothing left to do.
+        """
+        if s[F_SESSION] == "closed":
+            return  # calls may stay without results or terminals: the reference says so
+        for i, record in enumerate(s[F_CALLS]):
+            if record[C_RESULTS] != 1:
+                raise Broken("one-result", f"{name(i)} ends with {record[C_RESULTS]} results")
+        for i, record in enumerate(s[F_CLIENT]):
+            if record[V_SHOWN] == SHOWN_OPEN:
+                raise Broken("stream", f"the app never sees a terminal phase for {name(i)}")
+        if s[F_TURN] not in TURN.finals:
+            raise Broken("stuck", f"at rest, but the turn is {s[F_TURN]}")
+        if s[F_QUEUE] or s[F_RUNNING]:
+            raise Broken("stuck", "at rest, but an app call is queued or running")
