@@ -38,7 +38,7 @@ class AppHost(Protocol):
     async def run_app(self, call: Call) -> ToolResult:
         """Send the call to the client and wait for its result.
 
-        The host sends ``tool.call`` and sets ``call.dispatched`` before its first
+        The host sends ``tool.call`` before its first
         checkpoint. If this returns without a result (cancelled: timeout or interrupt), the
         host tells the client it gave up (``tool.abort``).
         """
@@ -50,7 +50,6 @@ class Call:
 
     __slots__ = (
         "app",
-        "app_scope",
         "arguments",
         "call_id",
         "dispatched",
@@ -58,7 +57,6 @@ class Call:
         "kind",
         "machine",
         "name",
-        "next_app",
         "previous_app",
         "result",
         "signal",
@@ -79,17 +77,14 @@ class Call:
         self.kind: Kind = "app" if self.app is not None else "server"
         # App calls reach the client in the model's call order: each waits until the one
         # before it was sent (or ended) before it is sent itself.
-        # ``client_tool_timeout`` runs from when the call can start in the client, i.e. when
-        # the app call before it has its result, not while it waits its turn there.
+        # App calls go to the client one at a time, in the model's call order: each is sent
+        # once the app call before it has its result (``dispatched`` is set when a call
+        # ends), so ``client_tool_timeout`` only ever counts the call's own time.
         self.dispatched: trio.Event | None = None
         self.previous_app: Call | None = None
-        self.next_app: Call | None = None
-        self.app_scope: trio.CancelScope | None = None
         if self.app is not None:
             self.dispatched = trio.Event()
             self.previous_app = session.last_app_call
-            if self.previous_app is not None:
-                self.previous_app.next_app = self
             session.last_app_call = self
         self.machine = TOOL_CALL.new()
         self.fragments: list[str] = []
@@ -226,11 +221,8 @@ class Call:
             result = ToolResult.failure(ResultCode.FAILED, "no app is connected")
         else:
             timeout = session.agent.client_tool_timeout
-            self.app_scope = scope = trio.CancelScope()
-            if previous is None or previous.result is not None:
-                scope.deadline = trio.current_time() + timeout
             self.previous_app = None
-            with scope:
+            with trio.move_on_after(timeout):
                 self._settle("finish", await host.run_app(self))
                 return
             result = ToolResult.failure(
@@ -301,13 +293,8 @@ class Call:
     def _end(self, result: ToolResult, phase: Phase, **fields: Any) -> None:
         self.result = result
         if self.dispatched is not None:
-            self.dispatched.set()
-            following = self.next_app
-            if following is not None and following.app_scope is not None:
-                # the next app call can start in the client now: its timeout starts
-                timeout = self.turn.session.agent.client_tool_timeout
-                following.app_scope.deadline = trio.current_time() + timeout
-            self.previous_app = self.next_app = None
+            self.dispatched.set()  # the next app call may be sent now
+            self.previous_app = None
         self._emit(phase, **fields)
         self.turn.call_ended(self)
 
