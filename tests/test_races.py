@@ -272,3 +272,70 @@ async def test_closed_sessions_hold_no_turn_or_script_cursor(
             await trio.sleep(1)
         assert session.turn is None
     assert model._cursors == {}
+
+
+# -- found by vrt check (vrt.check.BREAKABLE "late-dispatch" and "overtake") -------------------
+
+EDIT = models.ToolSpec(name="edit", description="an app tool", parameters={"type": "object"})
+
+
+class RecordingHost:
+    """An app host that records the calls sent to it; each waits until ``release``."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.changed = trio.Event()
+        self.release = trio.Event()
+
+    async def run_app(self, call: Any) -> vrt.ToolResult:
+        self.sent.append(call.call_id)  # "sends tool.call" before its first checkpoint
+        self.changed.set()
+        self.changed = trio.Event()
+        await self.release.wait()
+        return vrt.ToolResult.success(call.call_id)
+
+
+async def test_an_interrupt_never_sends_the_app_call_waiting_behind_another() -> None:
+    """late-dispatch: call_2 waits for call_1; the interrupt ends call_1 (waking call_2)
+    before it cancels the turn's scope, and call_2 was still sent to the app."""
+    host = RecordingHost()
+    script = vrt.ScriptedModel([[vrt.call("edit", {}), vrt.call("edit", {})]])
+    agent = vrt.define_agent(model=script, client_tools="accept")
+    async with vrt.open_session(agent, app_tools=[EDIT], app_host=host) as session:
+        turn = await session.start_turn("edit twice")
+        while host.sent != ["call_1"]:
+            await host.changed.wait()
+        session.interrupt()
+        await turn.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        codes = [i.result.code for i in session.history if isinstance(i, vrt.CallRecord)]
+    assert host.sent == ["call_1"]
+    assert codes == [vrt.ResultCode.INTERRUPTED] * 2
+
+
+async def test_an_app_call_never_overtakes_an_earlier_one_still_in_its_hook() -> None:
+    """overtake: call_3 waited only for call_2; call_2 was rejected at once, so call_3 was
+    sent while call_1, the earliest, was still in its hook."""
+    host = RecordingHost()
+    host.release.set()
+    in_hook = trio.Event()
+    hook_done = trio.Event()
+
+    async def hook(info: vrt.CallInfo) -> vrt.Reject | None:
+        if info.call_id == "call_1":
+            in_hook.set()
+            await hook_done.wait()
+        if info.call_id == "call_2":
+            return vrt.Reject("no")
+        return None
+
+    script = vrt.ScriptedModel([[vrt.call("edit", {}), vrt.call("edit", {}), vrt.call("edit", {})]])
+    agent = vrt.define_agent(model=script, client_tools="accept", before_tool_call=hook)
+    async with vrt.open_session(agent, app_tools=[EDIT], app_host=host) as session:
+        turn = await session.start_turn("edit three times")
+        await in_hook.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        assert host.sent == []  # call_3 waits for call_1 although call_2 is over
+        hook_done.set()
+        await turn.wait()
+    assert host.sent == ["call_1", "call_3"]

@@ -322,7 +322,7 @@ async def test_app_tool_timeout_aborts_in_the_client(vrt_serve: Serve) -> None:
     settle = next(e for e in events if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED)
     assert (settle.ok, settle.code) == (False, vrt.ResultCode.TIMEOUT)
     assert "may still have completed" in (settle.message or "")
-    assert aborted == ["interrupted"]  # tool.abort reached the client and cancelled it
+    assert aborted == ["timeout"]  # tool.abort reached the client and cancelled it
 
 
 @vrt.server_tool(risk="high", parameters=OBJ)

@@ -241,7 +241,7 @@ def test_core_pair_epoch_gate_and_serial_queue() -> None:
     assert second is not None and second.call_id == "c2"
     # the user interrupts: the running call aborts, the queued one is dropped
     out = client.interrupt()
-    assert out == [AbortApp(call_id="c2")]
+    assert out == [AbortApp(call_id="c2", reason="interrupted")]
     assert client.epoch == 1 and client.next_app_call() is None
     assert not client.answer("c2", vrt.ToolResult.success("late"))  # never sent
     (interrupt,) = pump(client, server)
@@ -269,6 +269,69 @@ def test_core_local_cancel_drops_the_servers_late_terminal() -> None:
     server.send(m.ToolStreamMessage, phase="cancelled", **base)
     server.send(m.ToolStreamMessage, phase="start", **{**base, "call_id": "c2"})  # old turn
     assert pump(server, client) == []
+
+
+def _queued_pair() -> tuple[ClientProtocol, ServerProtocol]:
+    """c1 running in the client, c2 queued behind it (both streamed, both sent)."""
+    client, server = pair()
+    client.hello()
+    pump(client, server)
+    pump(server, client)
+    for call_id in ("c1", "c2"):
+        base = {"call_id": call_id, "turn_id": "t", "epoch": 0, "name": "edit", "kind": "app"}
+        server.send(m.ToolStreamMessage, phase="start", **base)
+        server.send(m.ToolStreamMessage, phase="arguments-complete", arguments={}, **base)
+        server.send(
+            m.ToolCallMessage, call_id=call_id, turn_id="t", epoch=0, name="edit", arguments={}
+        )
+    pump(server, client)
+    running = client.next_app_call()
+    assert running is not None and running.call_id == "c1"
+    return client, server
+
+
+@pytest.mark.parametrize(("phase", "code"), [("cancelled", None), ("settled", "TIMEOUT")])
+def test_core_terminal_phase_drops_a_queued_app_call(phase: str, code: str | None) -> None:
+    """Found by vrt check (run-after-cancel): the app was shown c2's end, yet c2 stayed
+    queued and ran once c1 returned, if tool.abort had not arrived by then."""
+    client, server = _queued_pair()
+    base = {"call_id": "c2", "turn_id": "t", "epoch": 0, "name": "edit", "kind": "app"}
+    server.send(m.ToolStreamMessage, phase=phase, code=code, ok=code and False, **base)
+    (shown,) = pump(server, client)
+    assert shown.phase == phase
+    assert client.answer("c1", vrt.ToolResult.success("ok"))
+    assert client.next_app_call() is None  # c2 never runs
+    server.send(m.ToolAbort, call_id="c2")  # the abort that follows is a no-op
+    assert pump(server, client) == []
+
+
+@pytest.mark.parametrize(
+    ("phase", "code", "reason"),
+    [("cancelled", None, "interrupted"), ("settled", "TIMEOUT", "timeout")],
+)
+def test_core_terminal_phase_stops_the_running_app_call(
+    phase: str, code: str | None, reason: str
+) -> None:
+    client, server = _queued_pair()
+    base = {"call_id": "c1", "turn_id": "t", "epoch": 0, "name": "edit", "kind": "app"}
+    server.send(m.ToolStreamMessage, phase=phase, code=code, ok=code and False, **base)
+    shown, abort = pump(server, client)
+    assert shown.phase == phase
+    assert abort == AbortApp(call_id="c1", reason=reason)  # the tool learns why it stops
+    assert not client.answer("c1", vrt.ToolResult.success("late"))  # never sent
+    assert client.take_outbox() == []
+    ticket = client.next_app_call()
+    assert ticket is not None and ticket.call_id == "c2"
+
+
+def test_core_closed_aborts_the_running_app_call() -> None:
+    client, server = _queued_pair()
+    server.close("server")
+    *aborts, closed = pump(server, client)
+    assert aborts == [AbortApp(call_id="c1", reason="closed")]
+    assert closed == vrt.Closed(reason="server")
+    assert not client.answer("c1", vrt.ToolResult.success("late"))  # nothing after closed
+    assert client.next_app_call() is None and client.take_outbox() == []
 
 
 @pytest.mark.parametrize(

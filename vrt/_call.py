@@ -52,12 +52,11 @@ class Call:
         "app",
         "arguments",
         "call_id",
-        "dispatched",
+        "clear_to_send",
         "fragments",
         "kind",
         "machine",
         "name",
-        "previous_app",
         "result",
         "signal",
         "text",
@@ -75,17 +74,17 @@ class Call:
         if self.tool is None:
             self.app = session.app_tools.get(name)
         self.kind: Kind = "app" if self.app is not None else "server"
-        # App calls reach the client in the model's call order: each waits until the one
-        # before it was sent (or ended) before it is sent itself.
-        # App calls go to the client one at a time, in the model's call order: each is sent
-        # once the app call before it has its result (``dispatched`` is set when a call
-        # ends), so ``client_tool_timeout`` only ever counts the call's own time.
-        self.dispatched: trio.Event | None = None
-        self.previous_app: Call | None = None
+        # App calls go to the client one at a time, in the model's call order: the session
+        # keeps its app calls without a result in a line, and a call is sent only once it is
+        # first in the line (``clear_to_send``), i.e. once *every* earlier app call has its
+        # result, so ``client_tool_timeout`` only ever counts the call's own time.
+        self.clear_to_send: trio.Event | None = None
         if self.app is not None:
-            self.dispatched = trio.Event()
-            self.previous_app = session.last_app_call
-            session.last_app_call = self
+            self.clear_to_send = trio.Event()
+            line = session.app_line
+            line.append(self)
+            if len(line) == 1:
+                self.clear_to_send.set()
         self.machine = TOOL_CALL.new()
         self.fragments: list[str] = []
         self.text: str | None = None  # the arguments' full JSON text, once complete
@@ -212,16 +211,20 @@ class Call:
         except InvalidArguments as exc:
             self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
             return
+        assert self.clear_to_send is not None
+        await self.clear_to_send.wait()
+        # Woken by the previous call's end, which may be Turn.interrupt() ending every call
+        # (this one too) just before it cancels the turn's scope: never send a call that
+        # already has its result, nor one whose scope is cancelled (session close).
+        if self.machine.final:
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
         session = self.turn.session
-        previous = self.previous_app
-        if previous is not None and previous.dispatched is not None:
-            await previous.dispatched.wait()
         host = session.app_host
         if host is None:
             result = ToolResult.failure(ResultCode.FAILED, "no app is connected")
         else:
             timeout = session.agent.client_tool_timeout
-            self.previous_app = None
             with trio.move_on_after(timeout):
                 self._settle("finish", await host.run_app(self))
                 return
@@ -292,9 +295,13 @@ class Call:
 
     def _end(self, result: ToolResult, phase: Phase, **fields: Any) -> None:
         self.result = result
-        if self.dispatched is not None:
-            self.dispatched.set()  # the next app call may be sent now
-            self.previous_app = None
+        if self.clear_to_send is not None:
+            line = self.turn.session.app_line
+            first = line[0] is self
+            line.remove(self)
+            if first and line:
+                assert line[0].clear_to_send is not None
+                line[0].clear_to_send.set()  # the next app call may be sent now
         self._emit(phase, **fields)
         self.turn.call_ended(self)
 

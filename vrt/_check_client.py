@@ -84,10 +84,9 @@ class ClientRules(Rules):
         if target is None:
             raise Broken("stream", f"the server streams {phase} for {name(i)} while it is {view}")
         shown = show(i, shown, phase)
-        if phase in TERMINAL and app == "queued" and not self.run_after_cancel:
-            app = must(APP_CALL, app, "abort", "its terminal phase arrived")
-            w[F_QUEUE] = tuple(c for c in w[F_QUEUE] if c != i)
         w[F_CLIENT] = put(w[F_CLIENT], i, (target, ignored, app, shown))
+        if phase in TERMINAL and not (self.run_after_cancel and app == "queued"):
+            self._tool_abort(w, i)  # as tool.abort: a queued call is dropped, a running one stops
 
     def _tool_call(self, w: list[Any], i: int) -> None:
         view, ignored, app, shown = w[F_CLIENT][i]
@@ -111,12 +110,13 @@ class ClientRules(Rules):
         w[F_CLIENT] = put(w[F_CLIENT], i, (view, ignored, app, shown))
 
     def _closed(self, w: list[Any]) -> None:
-        """The session is over: queued app calls are aborted; the running tool is cancelled
-        (its AppCall machine is not aborted: the engine then answers it, see the report)."""
+        """The session is over: queued app calls are dropped, the running one aborted."""
         client = list(w[F_CLIENT])
-        for i in w[F_QUEUE]:
+        for i in (*w[F_QUEUE], *w[F_RUNNING]):
             view, ignored, app, shown = client[i]
-            client[i] = (view, ignored, must(APP_CALL, app, "abort", "closed"), shown)
+            if app in ("queued", "running"):
+                app = must(APP_CALL, app, "abort", "closed")
+            client[i] = (view, ignored, app, shown)
         w[F_CLIENT], w[F_QUEUE] = tuple(client), ()
 
     def user_interrupt(self, s: State) -> State | None:

@@ -12,7 +12,6 @@ step raises :class:`~vrt._check_state.Broken` from inside it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
 
 from vrt._check_client import ClientRules
 from vrt._check_server import ServerRules
@@ -20,7 +19,6 @@ from vrt._check_state import (
     BREAKABLE,
     C_RESULTS,
     CLIENT,
-    DEFECTS,
     ENV,
     F_C2S,
     F_CALLS,
@@ -67,21 +65,17 @@ class Model(ServerRules, ClientRules):
         *,
         phases: bool = False,
         broken: str | None = None,
-        defects: Collection[str] = tuple(DEFECTS),
     ) -> None:
         if min(calls, user_interrupts, server_interrupts, drops) < 0:
             raise ValueError("bounds must not be negative")
         if broken is not None and broken not in BREAKABLE:
             raise ValueError(f"unknown rule {broken!r}; breakable: {', '.join(BREAKABLE)}")
-        unknown = set(defects) - set(DEFECTS)
-        if unknown:
-            raise ValueError(f"unknown defect {sorted(unknown)}; known: {', '.join(DEFECTS)}")
         self.calls, self.drops, self.phases = calls, drops, phases
         self.user_interrupts, self.server_interrupts = user_interrupts, server_interrupts
         self.broken = broken
-        self.late_dispatch = "late-dispatch" in defects
-        self.run_after_cancel = "run-after-cancel" in defects
-        self.overtake = "overtake" in defects
+        self.late_dispatch = broken == "late-dispatch"
+        self.run_after_cancel = broken == "run-after-cancel"
+        self.overtake = broken == "overtake"
         self.actions = self._actions()
 
     def initial(self) -> State:

@@ -183,9 +183,8 @@ class ServerRules(Rules):
         return tuple(w)
 
     def _waits(self, calls: tuple[Any, ...], i: int) -> bool:
-        """Whether app call ``i`` must still wait before it is sent: the engine waits for
-        the app call created just before it to end (defect "overtake"), the rule for every
-        earlier app call."""
+        """Whether app call ``i`` must still wait before it is sent: every earlier app call
+        must have ended (broken "overtake": only the one created just before it)."""
         for j in range(i - 1, -1, -1):
             if calls[j][C_KIND] == "app":
                 if calls[j][C_TC] not in TOOL_CALL.finals:
@@ -198,7 +197,7 @@ class ServerRules(Rules):
         """A waiting app call sends ``tool.call`` once the calls it waits for have ended.
 
         The server's own check of "after an interrupt no call of that turn starts": with
-        the defect "late-dispatch", a call cancelled while it waited still gets here.
+        the broken rule "late-dispatch", a call cancelled while it waited still gets here.
         """
         if i >= len(s[F_CALLS]) or not self._alive(s):
             return None

@@ -1,6 +1,6 @@
 """``vrt check``: the composed model's vocabulary, shared by its parts.
 
-The invariants, the engine defects the model reproduces, the rules it can break on purpose;
+The invariants, the rules the model can break on purpose;
 the layout of a state (one flat tuple, its fields named by the ``F_*`` indices); the wire
 messages; :class:`Action`; and the helpers through which every machine move goes, the
 compiled tables (:func:`move`, :func:`must`): a move a table refuses either means the
@@ -34,29 +34,24 @@ INVARIANTS: Final = {
     "dropping), the turn has ended and no app call is queued or running",
 }
 
-#: Behaviours of today's engine that break an invariant, modelled as the code does them.
-#: ``explore(defects=())`` checks the model with them fixed as described.
-DEFECTS: Final = {
-    "late-dispatch": "an app call waiting for the app call before it is woken by that "
-    "call's end inside Turn.interrupt(), before the turn's scope is cancelled, so it still "
-    "sends tool.call for a call already cancelled (vrt/_call.py, Call._run_app); fixed: "
-    "the call checks for cancellation after the wait and is never sent",
-    "overtake": "an app call waits only for the app call created just before it: when that "
-    "one ends without being sent (abandoned, declined, INVALID), a later app call is sent, "
-    "and runs, before an earlier one still in its hook (vrt/_call.py, Call.previous_app); "
-    "fixed: it waits for every earlier app call of the session to end",
-    "run-after-cancel": "the client keeps a queued app call whose cancelled (or other "
-    "terminal) phase it already showed the app, and runs it if the running call ends "
-    "before tool.abort arrives (vrt/_wire/client.py); fixed: a terminal phase drops the "
-    "queued call as tool.abort would",
-}
-
 #: Rules the model can break on purpose (``explore(broken=...)``), to show the checker finds it.
+#: The last three are engine defects this checker found and the engine has since fixed
+#: (each with a regression test in tests/test_races.py or tests/test_wire_races.py): the
+#: model can still make them, to show it would find them again.
 BREAKABLE: Final = {
     "epoch-gate": "the client admits a stale tool.call instead of answering it INTERRUPTED",
     "serial-queue": "the client begins a queued app call while another one runs",
     "view-gate": "the client shows a call's late server phases after cancelling it locally",
     "turn-wait": "the turn starts its next step before every call of the step is final",
+    "late-dispatch": "an app call waiting for the app call before it, woken by that call's "
+    "end inside an interrupt, still sends tool.call for itself, already cancelled (the fix: "
+    "Call._run_app checks after the wait)",
+    "overtake": "an app call waits only for the app call created just before it, so when "
+    "that one ends unsent (abandoned, declined) it can overtake an earlier call still in its "
+    "hook (the fix: the session's app_line, every earlier app call first)",
+    "run-after-cancel": "the client keeps a queued app call whose terminal phase it already "
+    "showed and runs it if the running call ends before tool.abort arrives (the fix: a "
+    "terminal phase drops the queued call as tool.abort would)",
 }
 
 
@@ -103,7 +98,7 @@ HOOK = "hook"  # started at arguments-complete: before_tool_call decides
 EXEC = "exec"  # a server tool runs
 WAIT = "wait"  # an app call waits for the app call before it to end
 PENDING = "pending"  # tool.call sent, waiting for tool.result (or the timeout)
-LATE = "late"  # cancelled by an interrupt but already woken: will send tool.call (defect)
+LATE = "late"  # cancelled by an interrupt but already woken: sends tool.call (late-dispatch)
 UNWIND = "unwind"  # cancelled with tool.call unanswered: its finally sends tool.abort
 
 # a client call record

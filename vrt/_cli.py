@@ -90,9 +90,8 @@ def _parser() -> argparse.ArgumentParser:
         "calls, the turn, the client's call views and app calls, an ordered network that "
         "drops and resumes, user and server interrupts) breadth first over every "
         "interleaving within the bounds, and print states, transitions, seconds and "
-        "violations, each with a short trace. Known engine defects (vrt.check.DEFECTS) are "
-        "modelled as the engine does them; --fixed models them fixed. Exits 1 on any "
-        "violation or machine problem.",
+        "violations, each with a short trace. --break breaks one rule on purpose, to see "
+        "the checker find it. Exits 1 on any violation or machine problem.",
     )
     vrt_check.add_arguments(check)
     check.set_defaults(handler=_check)

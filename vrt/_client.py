@@ -139,7 +139,7 @@ class Client:
         if isinstance(item, AbortApp):
             running = self._running
             if running is not None and running[0] == item.call_id:
-                running[2].abort("interrupted")
+                running[2].abort(item.reason)
                 running[1].cancel()
         elif isinstance(item, m.ConfirmRequestMessage):
             self._emit(
@@ -158,12 +158,10 @@ class Client:
             self.closed = item
             if not self.proto.connection.final:  # lost: no resume yet, so the end
                 self.proto.connection.send("close")
-            proto = self.proto
-            while proto.queue:
-                proto.app_calls.pop(proto.queue.popleft()).machine.send("abort")
-            if self._running is not None:
-                self._running[2].abort("closed")
-                self._running[1].cancel()
+            for abort in self.proto.abort_all(
+                "closed"
+            ):  # none left if `closed` came from the server
+                self._dispatch(abort)
             self._emit(item)
             for channel in self._subscribers:
                 channel.close()

@@ -17,8 +17,10 @@ class Signal:
     """Mirrors the reference's AbortSignal: ``aborted``, ``reason``, ``await wait()``.
 
     It aborts when the call's turn is interrupted (reason ``"interrupted"``) or at the
-    call's timeout deadline (``"timeout"``). The task is cancelled at its next checkpoint as
-    well; the signal is for code between checkpoints and right before committing.
+    call's timeout deadline (``"timeout"``); an app tool's also when the server gave up on
+    the call for another reason (``"aborted"``) or the session closed (``"closed"``). The
+    task is cancelled at its next checkpoint as well; the signal is for code between
+    checkpoints and right before committing.
     """
 
     __slots__ = ("_aborted", "_deadline", "_event", "_reason")

@@ -28,7 +28,15 @@ from trio_websocket import (
 
 from vrt._agent import Agent
 from vrt._call import Call
-from vrt._events import ConfirmRequest, TextDelta, ToolPreview, ToolStream, TurnEnded, TurnStarted
+from vrt._events import (
+    TERMINAL_PHASES,
+    ConfirmRequest,
+    TextDelta,
+    ToolPreview,
+    ToolStream,
+    TurnEnded,
+    TurnStarted,
+)
 from vrt._memory import send_frames
 from vrt._results import ResultCode, ToolResult
 from vrt._session import Session, open_session
@@ -307,6 +315,11 @@ class _Connection:
                     code=None if event.code is None else str(event.code),
                     message=event.message,
                 )
+            if event.phase in TERMINAL_PHASES and event.kind == "app":
+                # Ended without the app's result (interrupt or timeout): the app sees the
+                # terminal phase first, then tool.abort, so the tool learns why it stops.
+                if self.pending.pop(event.call_id, None) is not None:
+                    proto.send(m.ToolAbort, call_id=event.call_id)
         elif isinstance(event, ToolPreview):
             proto.send(
                 m.ToolPreviewMessage,
@@ -416,9 +429,9 @@ class _Connection:
         try:
             await pending.done.wait()
         finally:
-            del self.pending[call_id]
-            if pending.result is None and self.proto.state == "open":
-                self.proto.send(m.ToolAbort, call_id=call_id)  # gave up: timeout or interrupt
-                self.flush()
+            # Without a result (cancelled), ``pending`` stays until the call's terminal
+            # phase, which sends tool.abort after it (``_on_event``).
+            if pending.result is not None:
+                del self.pending[call_id]
         assert pending.result is not None
         return pending.result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 
@@ -48,8 +49,8 @@ class Session:
         """Exactly what the model is offered: server tools, then the client's app tools."""
         self.pace: Callable[[], Awaitable[None]] | None = None
         """Awaited before each model event: a transport's flow control (``vrt.serve``)."""
-        self.last_app_call: Call | None = None
-        """The latest app call: the next one is sent to the client after it."""
+        self.app_line: deque[Call] = deque()
+        """App calls without a result, in call order: only the first is sent to the client."""
         self._confirmations: dict[str, trio.Event] = {}
         self._answers: dict[str, tuple[bool, str | None]] = {}
         self.epoch = 0

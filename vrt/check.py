@@ -17,7 +17,7 @@ a small model of the engine's and the network's rules around them (``vrt/_check_
   its calls and then runs the next step, or finishes at ``max_steps``. Each ToolCall move
   sends its one stream phase to the client.
 - *A call's task* starts at ``arguments-complete``: the hook allows or declines; a server
-  tool returns; an app call is sent (``tool.call``) once the app call before it has ended,
+  tool returns; an app call is sent (``tool.call``) once every earlier app call has ended,
   then waits for ``tool.result`` or times out (``tool.abort``, ``settled`` TIMEOUT).
 - *Interrupts*: the server's (barge-in): Turn ``interrupt``, epoch + 1, every open call
   ``cancelled`` at once, the scope cancelled: a task in the hook or a server tool just ends,
@@ -63,10 +63,9 @@ when all its calls are final; no machine refuses a move the engine makes uncondi
 and at rest (nothing can happen but the session closing or the connection dropping) the
 turn has ended.
 
-**Known engine defects** (:data:`DEFECTS`) are modelled as the code does them, so ``vrt
-check`` reports the violations they cause; ``defects=()`` (``vrt check --fixed``) models
-each as fixed, as its entry says. **Broken rules** (:data:`BREAKABLE`) break one rule of the
-model on purpose, to see the checker find it.
+**Broken rules** (:data:`BREAKABLE`) break one rule of the model on purpose, to see the
+checker find it. Three of them are engine defects this checker found (and the engine has
+since fixed): ``late-dispatch``, ``overtake`` and ``run-after-cancel``.
 
 **Reduction.** Exploring every interleaving as is does not fit in a minute for three calls,
 so the search expands each state with an *ample set* instead of every enabled action, a
@@ -96,7 +95,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import TextIO
 
 import attrs
@@ -104,12 +103,11 @@ import attrs
 from vrt._check_machines import check_machines, count_pairs
 from vrt._check_model import Model
 from vrt._check_search import search, shorten
-from vrt._check_state import BREAKABLE, DEFECTS, INVARIANTS
+from vrt._check_state import BREAKABLE, INVARIANTS
 from vrt._tables import TABLES
 
 __all__ = [
     "BREAKABLE",
-    "DEFECTS",
     "INVARIANTS",
     "Report",
     "Violation",
@@ -148,8 +146,6 @@ class Report:
     drops: int
     phases: bool
     broken: str | None
-    defects: tuple[str, ...]
-    """The engine defects modelled as the engine does them."""
     states: int
     """Distinct states reached (summed over the interrupt splits)."""
     transitions: int
@@ -173,7 +169,6 @@ def explore(
     *,
     phases: bool = False,
     broken: str | None = None,
-    defects: Collection[str] = tuple(DEFECTS),
     reduce: bool = True,
     stop_at_first: bool = False,
 ) -> Report:
@@ -181,9 +176,8 @@ def explore(
 
     ``calls`` tool calls (each an app or a server tool), ``interrupts`` in all (user or
     server), ``drops`` connection drops. ``phases`` adds one ``arguments-delta`` and one
-    ``progress`` per call. ``broken`` breaks one rule of :data:`BREAKABLE` on purpose;
-    ``defects`` are the engine defects (:data:`DEFECTS`) modelled as the engine does them
-    (``()``: all modelled as fixed). ``reduce=False`` explores without the reduction (slow:
+    ``progress`` per call. ``broken`` breaks one rule of :data:`BREAKABLE` on purpose.
+    ``reduce=False`` explores without the reduction (slow:
     for tests that compare both). ``stop_at_first`` stops at the first violation.
     """
     started = time.perf_counter()
@@ -191,9 +185,7 @@ def explore(
     found: dict[str, Violation] = {}
     complete = True
     for user in range(interrupts, -1, -1):  # one search per user/server split
-        model = Model(
-            calls, user, interrupts - user, drops, phases=phases, broken=broken, defects=defects
-        )
+        model = Model(calls, user, interrupts - user, drops, phases=phases, broken=broken)
         outcome = search(model, reduce=reduce, stop_at_first=stop_at_first)
         states, transitions = states + outcome.states, transitions + outcome.transitions
         for hit in outcome.found:
@@ -212,7 +204,6 @@ def explore(
         drops=drops,
         phases=phases,
         broken=broken,
-        defects=tuple(d for d in DEFECTS if d in defects),
         states=states,
         transitions=transitions,
         seconds=time.perf_counter() - started,
@@ -228,20 +219,14 @@ def format_report(report: Report) -> str:
         bounds += " phases"
     if report.broken:
         bounds += f"; broken on purpose: {report.broken}"
-    defects = ", ".join(report.defects) or "none (modelled as fixed)"
     lines = [
-        f"model: {bounds}; engine defects modelled: {defects}",
+        f"model: {bounds}",
         f"  states {report.states}",
         f"  transitions {report.transitions}",
         f"  seconds {report.seconds:.1f}",
         f"  violations {len(report.violations)}" + ("" if report.complete else " (stopped)"),
     ]
     lines += [v.format() for v in report.violations]
-    if report.violations and report.defects:
-        lines.append(
-            "the engine defects modelled (vrt.check.DEFECTS) may cause these; "
-            "'vrt check --fixed' models them fixed"
-        )
     return "\n".join(lines)
 
 
@@ -261,11 +246,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--phases",
         action="store_true",
         help="also stream one arguments-delta and one progress per call (slower)",
-    )
-    parser.add_argument(
-        "--fixed",
-        action="store_true",
-        help="model the known engine defects as fixed: " + ", ".join(DEFECTS),
     )
     parser.add_argument(
         "--break",
@@ -294,7 +274,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         args.drops,
         phases=args.phases,
         broken=args.broken,
-        defects=() if args.fixed else tuple(DEFECTS),
     )
     print(format_report(report), file=out, flush=True)
     return 1 if problems or report.violations else 0

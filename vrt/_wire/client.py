@@ -52,6 +52,9 @@ class AbortApp:
     """The running app call must stop (server ``tool.abort`` or a local interrupt)."""
 
     call_id: str
+    reason: str
+    """The app tool's ``ctx.signal.reason``: ``interrupted``, ``timeout``, ``aborted`` (the
+    server gave up on the call) or ``closed``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -115,11 +118,7 @@ class ClientProtocol(Endpoint):
             del self.views[call_id]
             self._ignored.add(call_id)
             out.append(attrs.evolve(first, phase=Phase.CANCELLED))
-        while self.queue:
-            self.app_calls.pop(self.queue.popleft()).machine.send("abort")
-        if self.running is not None:
-            self.app_calls[self.running].machine.send("abort")
-            out.append(AbortApp(call_id=self.running))
+        out.extend(self.abort_all("interrupted"))
         self.send(m.Interrupt, epoch=self.epoch)
         return out
 
@@ -236,9 +235,19 @@ class ClientProtocol(Endpoint):
                     message=f"from the server: {phase} while call {call_id} is {view.state}",
                 )
             ]
-        if view.final:
-            del self.views[call_id]
-        return [event]
+        if not view.final:
+            return [event]
+        del self.views[call_id]
+        # The app saw this call end: a queued tool.call for it must never run (tool.abort
+        # may still be on its way, after the running call's result).
+        reason = (
+            "interrupted"
+            if phase is Phase.CANCELLED
+            else "timeout"
+            if event.code is ResultCode.TIMEOUT
+            else "aborted"
+        )
+        return [event, *self._abort(call_id, reason)]
 
     def _on_tool_preview(self, msg: m.ToolPreviewMessage) -> list[Any]:
         if msg.call_id in self._ignored:
@@ -269,15 +278,27 @@ class ClientProtocol(Endpoint):
         return []
 
     def _on_tool_abort(self, msg: m.ToolAbort) -> list[Any]:
-        call = self.app_calls.get(msg.call_id)
+        return self._abort(msg.call_id, "aborted")
+
+    def _abort(self, call_id: str, reason: str) -> list[Any]:
+        """Abort one app call: a queued one is dropped, a running one must stop."""
+        call = self.app_calls.get(call_id)
         if call is None or call.machine.final:
             return []
         call.machine.send("abort")
-        if self.running == msg.call_id:
-            return [AbortApp(call_id=msg.call_id)]
-        self.queue.remove(msg.call_id)
-        del self.app_calls[msg.call_id]
+        if self.running == call_id:
+            return [AbortApp(call_id=call_id, reason=reason)]
+        self.queue.remove(call_id)
+        del self.app_calls[call_id]
         return []
+
+    def abort_all(self, reason: str) -> list[Any]:
+        """The session ended: drop every queued app call and stop the running one."""
+        while self.queue:
+            self.app_calls.pop(self.queue.popleft()).machine.send("abort")
+        if self.running is None:
+            return []
+        return self._abort(self.running, reason)
 
     def _on_confirm_request(self, msg: m.ConfirmRequestMessage) -> list[Any]:
         if msg.call_id in self._ignored:
@@ -290,7 +311,7 @@ class ClientProtocol(Endpoint):
     def _on_closed(self, msg: m.ClosedMessage) -> list[Any]:
         if not self.connection.final:
             self.connection.send("close")
-        return [Closed(reason=msg.reason)]
+        return [*self.abort_all("closed"), Closed(reason=msg.reason)]
 
     def _result(self, msg: m.ToolCallMessage, result: ToolResult) -> None:
         wire = m.WireResult(
