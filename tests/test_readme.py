@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
@@ -24,3 +25,26 @@ def test_tour_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "status='finished'" in done.stdout
+
+
+def test_check_example_runs() -> None:
+    (example,) = [
+        block
+        for block in re.findall(r"```python\n(.*?)\n```", README, re.S)
+        if "from vrt import check" in block
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"\d+ \d+ \d+\.\ds\n", done.stdout)
+
+
+def test_check_transcripts_match_the_command() -> None:
+    """The README's `vrt check --break epoch-gate` transcript is what the command prints."""
+    from vrt import check
+
+    out = io.StringIO()
+    check.main(["--calls", "1", "--drops", "0", "--break", "epoch-gate"], out)
+    violation = out.getvalue().split("violation ", 1)[1]
+    assert "violation " + violation.rstrip("\n") in README
