@@ -492,15 +492,10 @@ async def test_barge_in_is_a_server_side_interrupt(vrt_pair: Any) -> None:
     assert_stream_valid(log)
 
 
-def _small_replay_buffer(monkeypatch: pytest.MonkeyPatch, high_water: int) -> None:
-    import functools
-
+def _no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
     from vrt import _server
 
-    monkeypatch.setattr(
-        _server, "ServerProtocol", functools.partial(_server.ServerProtocol, replay_limit=300)
-    )
-    monkeypatch.setattr(_server, "HIGH_WATER", high_water)
+    monkeypatch.setattr(_server._Options, "high_water", 10**9)
 
 
 @vrt.server_tool(risk="low")
@@ -512,11 +507,9 @@ async def noop(args: Any, ctx: vrt.ToolContext) -> None:
 LONG_TURN = [[vrt.call("noop", {"i": 1}, chunks=8)] * 10 for _ in range(20)]
 
 
-async def test_a_long_turn_is_paced_by_the_clients_acks(
-    vrt_pair: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _small_replay_buffer(monkeypatch, high_water=150)
-    async with vrt_pair(agent(*LONG_TURN, tools=[noop], max_steps=100)) as client:
+async def test_a_long_turn_is_paced_by_the_clients_acks(vrt_pair: Any) -> None:
+    # a replay buffer of 300: the model is held while the client is 120 messages behind
+    async with vrt_pair(agent(*LONG_TURN, tools=[noop], max_steps=100), replay_limit=300) as client:
         events = await run_turn(client)
         assert client.closed is None
     assert events[-1] == vrt.TurnEnded(turn_id="t_1", epoch=0, reason="finished")
@@ -525,8 +518,8 @@ async def test_a_long_turn_is_paced_by_the_clients_acks(
 async def test_without_pacing_the_replay_buffer_overflows(
     vrt_pair: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _small_replay_buffer(monkeypatch, high_water=10**9)
-    async with vrt_pair(agent(*LONG_TURN, tools=[noop], max_steps=100)) as client:
+    _no_pacing(monkeypatch)
+    async with vrt_pair(agent(*LONG_TURN, tools=[noop], max_steps=100), replay_limit=300) as client:
         async with client.subscribe() as channel:
             await client.send_text("go")
             with trio.fail_after(30):

@@ -350,7 +350,6 @@ def test_core_closed_aborts_the_running_app_call() -> None:
             {"tools": [{"name": "a", "description": "", "parameters": {"type": "nope"}}]},
             m.BAD_MESSAGE,
         ),
-        ({"resume": {"sessionId": "s", "token": "t", "lastSeq": 0}}, m.RESUME_FAILED),
     ],
 )
 def test_core_refused_hello(hello: dict[str, Any], code: str) -> None:

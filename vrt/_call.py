@@ -79,9 +79,10 @@ class Call:
         # first in the line (``clear_to_send``), i.e. once *every* earlier app call has its
         # result, so ``client_tool_timeout`` only ever counts the call's own time.
         self.clear_to_send: trio.Event | None = None
-        if self.app is not None:
-            self.clear_to_send = trio.Event()
-            line = session.app_line
+        line = session.app_line
+        limit = session.max_queued_app_calls
+        if self.app is not None and (limit is None or len(line) < limit):
+            self.clear_to_send = trio.Event()  # None for an app call over the limit
             line.append(self)
             if len(line) == 1:
                 self.clear_to_send.set()
@@ -211,7 +212,11 @@ class Call:
         except InvalidArguments as exc:
             self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
             return
-        assert self.clear_to_send is not None
+        if self.clear_to_send is None:
+            limit = self.turn.session.max_queued_app_calls
+            message = f"too many app calls waiting for the app (limit {limit})"
+            self._settle("finish", ToolResult.failure(ResultCode.FAILED, message))
+            return
         await self.clear_to_send.wait()
         # Woken by the previous call's end, which may be Turn.interrupt() ending every call
         # (this one too) just before it cancels the turn's scope: never send a call that
@@ -253,6 +258,7 @@ class Call:
             name=self.name,
             signal=self.signal,
             progress=self.progress,
+            principal=turn.session.principal,
         )
         try:
             if tool.timeout is None:

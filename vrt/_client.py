@@ -7,21 +7,29 @@ socket and the tasks (reader, writer, app runner, acks) and runs the app tools.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import random
 import ssl
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
 
 from vrt._context import Signal, ToolContext
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
-from vrt._events import Closed, ConfirmRequest, Event
+from vrt._events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
 from vrt._groups import single_unwrapped
 from vrt._memory import send_frames
 from vrt._results import ResultCode, ToolResult
@@ -35,15 +43,27 @@ log = logging.getLogger("vrt.client")
 
 ACK_INTERVAL = 0.2
 CLOSE_TIMEOUT = 5.0
+RESUME_TIMEOUT = 30.0
+"""How long a client tries to resume a lost session (the server's default window)."""
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 2.0
+"""Reconnect delays: doubling from the first to the max, each with random jitter (50-100 %)."""
+
+Reconnect = Callable[[], AbstractAsyncContextManager[Any]]
 
 
 class Client:
     """A connected client. Build it with :func:`connect`."""
 
     def __init__(
-        self, ws: WebSocketConnection, tools: Sequence[AppTool], capabilities: Sequence[str]
+        self,
+        tools: Sequence[AppTool],
+        capabilities: Sequence[str],
+        reconnect: Reconnect | None = None,
+        resume_timeout: float = RESUME_TIMEOUT,
     ) -> None:
-        self._ws = ws
+        self._reconnect = reconnect
+        self._resume_timeout = resume_timeout
         self.tools = {tool.name: tool for tool in tools}
         self.proto = ClientProtocol(
             [
@@ -156,7 +176,7 @@ class Client:
             log.info("server error %s: %s (ref %s)", item.code, item.message, item.ref)
         elif isinstance(item, Closed):
             self.closed = item
-            if not self.proto.connection.final:  # lost: no resume yet, so the end
+            if not self.proto.connection.final:  # lost for good, or closed here
                 self.proto.connection.send("close")
             for abort in self.proto.abort_all(
                 "closed"
@@ -181,44 +201,122 @@ class Client:
 
         return reply
 
-    async def _handshake(self) -> None:
+    async def _handshake(self, ws: Any) -> None:
         """Send ``hello`` and read until ``welcome`` (before any task runs)."""
         self.proto.hello()
+        refusal = await self._await_welcome(ws)
+        if refusal is not None:
+            raise refusal
+
+    async def _await_welcome(self, ws: Any) -> RemoteProtocolError | None:
+        """Send the queued hello on ``ws`` and read until ``welcome``; the refusal if the
+        server refused it. Frames after the welcome are left to the reader."""
         for hello in self.proto.take_outbox():
             try:
-                await self._ws.send_message(hello)
+                await ws.send_message(hello)
             except ConnectionClosed:
-                raise RemoteProtocolError(
-                    "CLOSED", "the server closed the connection during the handshake"
-                ) from None
+                raise _Lost from None
         refusal: m.Error | None = None
-        while self.proto.session_id is None:
+        while True:
             try:
-                frame: Any = await self._ws.get_message()
+                frame: Any = await ws.get_message()
             except ConnectionClosed:
-                raise RemoteProtocolError(
-                    "CLOSED", "the server closed the connection during the handshake"
-                ) from None
+                raise _Lost from None
             for item in self.proto.receive(frame):
+                if isinstance(item, Welcomed):
+                    return None
                 if isinstance(item, m.Error):
                     refusal = item
                 elif isinstance(item, Closed):
-                    raise RemoteProtocolError(
+                    return RemoteProtocolError(
                         refusal.code if refusal else "CLOSED",
                         refusal.message if refusal else f"closed: {item.reason}",
                     )
 
-    async def _writer(self) -> None:
-        await send_frames(self._frames, self._ws)
+    async def _links(self, ws: Any, *, task_status: trio.TaskStatus[None]) -> None:
+        """Carry the session on ``ws``, then on every connection that resumes it.
 
-    async def _reader(self) -> None:
+        A lost connection moves the Connection machine to ``reconnecting`` (the app gets
+        :class:`~vrt.Reconnecting`); new connections are tried with backoff until one
+        resumes the session (:class:`~vrt.Resumed`), the server refuses the resume, or
+        ``resume_timeout`` passes (then :class:`~vrt.Closed`).
+        """
+        task_status.started()
+        lost = await self._pump(ws)
+        if not lost:
+            return
+        reconnect = self._reconnect
+        if reconnect is None or self.proto.session_id is None:
+            self._dispatch(Closed(reason="lost"))
+            return
+        self.proto.lost()
+        self._emit(Reconnecting(session_id=self.proto.session_id))
+        deadline = trio.current_time() + self._resume_timeout
+        attempt = 0
+        while True:
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt) * random.uniform(0.5, 1.0)
+            if trio.current_time() + delay >= deadline:
+                log.info("session %s: gave up resuming", self.proto.session_id)
+                self._dispatch(Closed(reason="lost"))
+                return
+            await trio.sleep(delay)
+            attempt += 1
+            try:
+                with trio.move_on_at(deadline):
+                    async with reconnect() as ws:
+                        self.proto.resume_hello()
+                        refusal = await self._await_welcome(ws)
+                        if refusal is not None:
+                            log.info(
+                                "session %s: resume refused: %s", self.proto.session_id, refusal
+                            )
+                            self._dispatch(Closed(reason="expired"))
+                            return
+                        self._resumed()
+                        lost = await self._pump(ws)
+                if not lost:
+                    return
+                if trio.current_time() >= deadline:
+                    continue  # the next round gives up
+                if self.proto.connection.state == "open":  # lost again after a resume
+                    self.proto.lost()
+                    self._emit(Reconnecting(session_id=self.proto.session_id))
+                    deadline = trio.current_time() + self._resume_timeout
+                    attempt = 0
+            except (_Lost, OSError, HandshakeError) as exc:
+                log.debug(
+                    "session %s: resume attempt %d failed: %r", self.proto.session_id, attempt, exc
+                )
+
+    def _resumed(self) -> None:
+        """The session is back: our frames queued meanwhile are superseded by the replay
+        the protocol just queued (every numbered one is in it)."""
+        with contextlib.suppress(trio.WouldBlock):
+            while True:
+                self._frames.receive_nowait()
+        self._flush()
+        assert self.proto.session_id is not None
+        self._emit(Resumed(session_id=self.proto.session_id))
+        if self.proto.queue:
+            self._wake.set()
+
+    async def _pump(self, ws: Any) -> bool:
+        """Read and write ``ws`` until it closes; True if it was lost (no ``closed``)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, ws)
+            await self._reader(ws)
+            nursery.cancel_scope.cancel()
+        return self.closed is None
+
+    async def _writer(self, ws: Any) -> None:
+        await send_frames(self._frames, ws)
+
+    async def _reader(self, ws: Any) -> None:
         frame: Any
         while True:
             try:
-                frame = await self._ws.get_message()
+                frame = await ws.get_message()
             except ConnectionClosed:
-                if self.closed is None:
-                    self._dispatch(Closed(reason="lost"))
                 return
             if self.closed is not None:
                 continue  # keep reading so the server's close handshake completes
@@ -286,11 +384,13 @@ class Client:
             self._running = None
 
     async def _close(self) -> None:
-        if self.closed is None:
+        if self.closed is None and self.proto.connection.state == "open":
             self.proto.close()
             self._flush()
             with trio.move_on_after(CLOSE_TIMEOUT):
                 await self._closed.wait()
+        if self.closed is None:  # no answer, or no connection to ask on: closed here
+            self._dispatch(Closed(reason="client"))
 
 
 def _no_progress(progress: Any) -> None:
@@ -304,62 +404,117 @@ async def connect(
     *,
     capabilities: Sequence[str] = m.CAPABILITIES,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    headers: Sequence[tuple[str, str]] = (),
+    resume: bool = True,
+    resume_timeout: float = RESUME_TIMEOUT,
 ) -> AsyncIterator[Client]:
     """Connect to a vrt/1 server and open a session, hosting the app ``tools``.
 
     Raises :class:`~vrt.RemoteProtocolError` if the server refuses the hello (e.g. an app
-    tool named like a server tool: ``TOOL_CONFLICT``). Leaving the block ends the session
-    for good (``close``, then waits up to 5 s for ``closed``); cancelling it closes the
-    connection at once. ``capabilities`` is what this client supports (pass ``()`` to act
-    as a client without ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
+    tool named like a server tool: ``TOOL_CONFLICT``) or the upgrade (``HTTP_401``, ...:
+    ``authenticate`` or the origin check). ``headers`` go with every upgrade request (for
+    instance ``[("authorization", "Bearer ...")]``).
+
+    A lost connection is resumed (``resume=True``): the client reconnects with backoff
+    while the app sees :class:`~vrt.Reconnecting`, then :class:`~vrt.Resumed` and the
+    events it missed, in order; a running app tool goes on and its result goes through
+    after the resume. If the server refuses the resume, :class:`~vrt.Closed` with reason
+    ``expired``; if no connection resumes it within ``resume_timeout`` seconds, ``lost``.
+
+    Leaving the block ends the session for good (``close``, then waits up to 5 s for
+    ``closed``; while reconnecting it does not wait); cancelling it closes the connection
+    at once. ``capabilities`` is what this client supports (pass ``()`` to act as a client
+    without ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
     """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
     secure = parts.scheme == "wss"
+    host = parts.hostname
     port = parts.port or (443 if secure else 80)
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    # We open (and always close) the TCP stream ourselves: trio-websocket's client leaves
-    # it open when the server ends the connection first.
-    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
-    if secure:
-        stream = await trio.open_ssl_over_tcp_stream(
-            parts.hostname, port, ssl_context=ssl.create_default_context()
-        )
-    else:
-        stream = await trio.open_tcp_stream(parts.hostname, port)
-    try:
-        with single_unwrapped():
+    extra = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in headers]
+
+    @asynccontextmanager
+    async def open_ws() -> AsyncIterator[WebSocketConnection]:
+        # We open (and always close) the TCP stream ourselves: trio-websocket's client
+        # leaves it open when the server ends the connection first.
+        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+        if secure:
+            stream = await trio.open_ssl_over_tcp_stream(
+                host, port, ssl_context=ssl.create_default_context()
+            )
+        else:
+            stream = await trio.open_tcp_stream(host, port)
+        try:
             async with trio.open_nursery() as nursery:
-                ws = await wrap_client_stream(
-                    nursery, stream, parts.hostname, resource, max_message_size=4 * max_message_size
-                )
                 try:
-                    async with open_client(ws, tools, capabilities=capabilities) as client:
-                        yield client
+                    ws = await wrap_client_stream(
+                        nursery,
+                        stream,
+                        host,
+                        resource,
+                        extra_headers=extra,
+                        max_message_size=4 * max_message_size,
+                    )
+                except ConnectionRejected as exc:
+                    raise RemoteProtocolError(
+                        f"HTTP_{exc.status_code}",
+                        f"the server refused the connection: HTTP {exc.status_code} "
+                        + (exc.body or b"").decode("utf-8", "replace")[:200],
+                    ) from None
+                try:
+                    yield ws
                 finally:
                     with trio.move_on_after(CLOSE_TIMEOUT) as scope:
                         scope.shield = True
                         await ws.aclose()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+                    nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    with single_unwrapped():
+        async with (
+            open_ws() as ws,
+            open_client(
+                ws,
+                tools,
+                capabilities=capabilities,
+                reconnect=open_ws if resume else None,
+                resume_timeout=resume_timeout,
+            ) as client,
+        ):
+            yield client
 
 
 @asynccontextmanager
 async def open_client(
-    ws: Any, tools: Sequence[AppTool] = (), *, capabilities: Sequence[str] = m.CAPABILITIES
+    ws: Any,
+    tools: Sequence[AppTool] = (),
+    *,
+    capabilities: Sequence[str] = m.CAPABILITIES,
+    reconnect: Reconnect | None = None,
+    resume_timeout: float = RESUME_TIMEOUT,
 ) -> AsyncIterator[Client]:
-    """:func:`connect` over an already-open connection (see :mod:`vrt.testing`)."""
+    """:func:`connect` over an already-open connection (see :mod:`vrt.testing`).
+
+    ``reconnect`` opens a new connection to the same server (an async context manager
+    factory); without it a lost connection ends the session (``Closed("lost")``).
+    """
     for tool in tools:
         if not isinstance(tool, AppTool):
             raise TypeError(f"tools must be vrt.AppTool, not {tool!r}")
-    client = Client(ws, tools, capabilities)
-    await client._handshake()
+    client = Client(tools, capabilities, reconnect, resume_timeout)
+    try:
+        await client._handshake(ws)
+    except _Lost:
+        raise RemoteProtocolError(
+            "CLOSED", "the server closed the connection during the handshake"
+        ) from None
     with single_unwrapped():
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(client._writer)
-            nursery.start_soon(client._reader)
+            await nursery.start(client._links, ws)
             nursery.start_soon(client._runner)
             nursery.start_soon(client._acks)
             try:
@@ -368,3 +523,7 @@ async def open_client(
                 with trio.CancelScope(shield=True):
                     await client._close()
                 nursery.cancel_scope.cancel()
+
+
+class _Lost(Exception):
+    """The connection closed during a handshake."""

@@ -77,13 +77,16 @@ class Signal:
 
 class ToolContext:
     """The second argument of a server tool's ``run``: ``call_id``, ``turn_id``, ``epoch``,
-    ``name``, ``signal``, ``emit(progress)`` and ``committing()``.
+    ``name``, ``principal``, ``signal``, ``emit(progress)`` and ``committing()``.
+
+    ``principal`` is what ``vrt.serve``'s ``authenticate`` hook returned for the session's
+    connection (None in process, without the hook, and in app tools).
 
     Group a turn's effects by ``turn_id`` to undo it whole; use ``call_id`` as an
     idempotency key.
     """
 
-    __slots__ = ("_progress", "call_id", "epoch", "name", "signal", "turn_id")
+    __slots__ = ("_progress", "call_id", "epoch", "name", "principal", "signal", "turn_id")
 
     def __init__(
         self,
@@ -94,8 +97,10 @@ class ToolContext:
         name: str,
         signal: Signal,
         progress: Callable[[Any], None],
+        principal: Any = None,
     ) -> None:
         self.call_id = call_id
+        self.principal = principal
         self.turn_id = turn_id
         self.epoch = epoch
         self.name = name

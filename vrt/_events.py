@@ -128,4 +128,33 @@ class Closed:
     reason: str
 
 
-Event = ToolStream | ToolPreview | TurnStarted | TurnEnded | TextDelta | ConfirmRequest | Closed
+@attrs.frozen(kw_only=True)
+class Reconnecting:
+    """The client lost its connection and is resuming the session (``vrt.connect`` only).
+
+    The server keeps the session meanwhile: turns and server tools go on, and a running app
+    tool goes on too; its result goes through after the resume. Either :class:`Resumed`
+    or :class:`Closed` follows.
+    """
+
+    session_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Resumed:
+    """The session is back on a new connection; what was missed is replayed, in order."""
+
+    session_id: str
+
+
+Event = (
+    ToolStream
+    | ToolPreview
+    | TurnStarted
+    | TurnEnded
+    | TextDelta
+    | ConfirmRequest
+    | Reconnecting
+    | Resumed
+    | Closed
+)

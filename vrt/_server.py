@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hmac
 import logging
 import math
 import secrets
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, NoReturn
 
 import attrs
 import trio
 from trio_websocket import (
     ConnectionClosed,
-    WebSocketConnection,
     WebSocketRequest,
     WebSocketServer,
 )
@@ -41,6 +41,7 @@ from vrt._memory import send_frames
 from vrt._results import ResultCode, ToolResult
 from vrt._session import Session, open_session
 from vrt._wire import messages as m
+from vrt._wire.endpoint import REPLAY_LIMIT
 from vrt._wire.server import MAX_MESSAGE_SIZE, ServerProtocol
 from vrt.models import ToolSpec
 
@@ -48,8 +49,17 @@ log = logging.getLogger("vrt.server")
 
 ACK_INTERVAL = 0.2
 HIGH_WATER = 4000
-STALL_TIMEOUT = 30.0
 """Unacked messages at which the model is held (under the replay buffer's 10,000)."""
+STALL_TIMEOUT = 30.0
+"""A connected client held at the high water mark this long without acking is closed."""
+RESUME_WINDOW = 30.0
+MAX_SESSIONS = 1000
+MAX_OPEN_CALLS = 64
+MAX_QUEUED_APP_CALLS = 32
+MAX_MESSAGES_PER_SECOND = 100.0
+RATE_CLOSE_AFTER = 5.0
+"""Seconds a connection may stay over its message rate before its session is closed."""
+HANDSHAKE_TIMEOUT = 10.0
 
 
 @attrs.frozen(kw_only=True)
@@ -68,9 +78,54 @@ class Server:
 
 
 @attrs.frozen(kw_only=True)
+class HandshakeRequest:
+    """What ``authenticate`` sees of a WebSocket upgrade request."""
+
+    path: str
+    """The requested resource, with its query string (``/agent?room=7``)."""
+    headers: tuple[tuple[str, str], ...]
+    """Every header as ``(name, value)``, names lower-case, in the order sent."""
+    remote: str
+    """The peer's address as ``host:port`` (behind a proxy: the proxy's)."""
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        name = name.lower()
+        return next((value for key, value in self.headers if key == name), None)
+
+
+class Refuse(Exception):
+    """Raise from ``authenticate`` to refuse the WebSocket upgrade with an HTTP ``status``."""
+
+    def __init__(self, status: int = 403, reason: str = "forbidden") -> None:
+        if not 400 <= status <= 599:
+            raise ValueError(f"status must be an HTTP 4xx or 5xx code, not {status}")
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
+Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
+
+
+@attrs.frozen(kw_only=True)
 class _Options:
     capabilities: tuple[str, ...] = m.CAPABILITIES
     max_message_size: int = MAX_MESSAGE_SIZE
+    resume_window: float = RESUME_WINDOW
+    max_sessions: int = MAX_SESSIONS
+    max_open_calls: int = MAX_OPEN_CALLS
+    max_queued_app_calls: int = MAX_QUEUED_APP_CALLS
+    max_messages_per_second: float = MAX_MESSAGES_PER_SECOND
+    replay_limit: int = REPLAY_LIMIT
+    handshake_timeout: float = HANDSHAKE_TIMEOUT
+    authenticate: Authenticate | None = None
+    allowed_origins: frozenset[str] | None = None
+
+    @property
+    def high_water(self) -> int:
+        """Unacked messages at which the model is held: well under the replay bound."""
+        return max(1, min(HIGH_WATER, self.replay_limit * 2 // 5))
 
 
 async def serve(
@@ -80,24 +135,73 @@ async def serve(
     *,
     capabilities: Collection[str] = m.CAPABILITIES,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    resume_window: float = RESUME_WINDOW,
+    max_sessions: int = MAX_SESSIONS,
+    max_open_calls: int = MAX_OPEN_CALLS,
+    max_queued_app_calls: int = MAX_QUEUED_APP_CALLS,
+    max_messages_per_second: float = MAX_MESSAGES_PER_SECOND,
+    replay_limit: int = REPLAY_LIMIT,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    authenticate: Authenticate | None = None,
+    allowed_origins: Collection[str] | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve ``agent`` over vrt/1 WebSockets until cancelled.
 
     Use ``server = await nursery.start(vrt.serve, agent, host, 0)`` to learn the real
     port. ``capabilities`` is what this server supports (pass ``()`` to act as a server
-    without ``tool-stream-v1``). A text frame over ``max_message_size`` bytes is answered
-    ``TOO_LARGE`` and the session goes on; one over four times that is refused by the
-    WebSocket layer (close code 1009). On cancellation every open session is sent
-    ``closed`` with reason ``shutdown`` and its connection closed.
+    without ``tool-stream-v1``). On cancellation every open session is sent ``closed``
+    with reason ``shutdown`` and its connection closed.
+
+    Safety (each has a default; see the README's "Running the server safely"):
+
+    - ``resume_window`` (30 s): how long a session whose connection dropped is kept for
+      the client to resume; turns and server tools go on meanwhile. Then it closes
+      (``expired``). 0 ends a session with its connection.
+    - ``max_sessions`` (1,000): live sessions, detached ones included; a new session over
+      it is refused (``error`` ``RATE_LIMITED``, ``closed`` ``rejected``).
+    - ``max_open_calls`` (64): calls of one turn without a result; a call over it fails at
+      once (FAILED) and the model gets that result.
+    - ``max_queued_app_calls`` (32): app calls waiting for the app; one over it FAILED.
+    - ``max_messages_per_second`` (100, a one-second burst): inbound frames per
+      connection; a frame over it is dropped with ``error`` ``RATE_LIMITED``; after
+      :data:`RATE_CLOSE_AFTER` seconds of that, the session is closed (``server``).
+    - ``replay_limit`` (10,000 messages): the replay buffer; the model is held while the
+      client is 40 % of it behind, and a client that stops reading for 30 s is closed
+      (``overflow``).
+    - ``handshake_timeout`` (10 s): a peer that has not sent a valid ``hello`` by then is
+      disconnected.
+    - ``max_message_size`` (1 MiB): a text frame over it is answered ``TOO_LARGE`` and the
+      session goes on; one over four times that is refused by the WebSocket layer (close
+      code 1009).
+    - ``authenticate``: ``async (vrt.HandshakeRequest) -> principal``, run before the
+      upgrade; raise :class:`vrt.Refuse` (or return None: 401) to refuse the upgrade with
+      an HTTP status. The principal reaches server tools as ``ctx.principal``, and a resume
+      must come with the same principal.
+    - ``allowed_origins``: if given, an upgrade whose ``Origin`` header is present and not
+      in it is refused (403): browsers send it, so a page elsewhere cannot use a user's
+      cookies to open a session. Requests without ``Origin`` (not a browser) pass.
     """
-    options = _Options(capabilities=tuple(capabilities), max_message_size=max_message_size)
+    options = _Options(
+        capabilities=tuple(capabilities),
+        max_message_size=max_message_size,
+        resume_window=_non_negative("resume_window", resume_window),
+        max_sessions=_positive("max_sessions", max_sessions),
+        max_open_calls=_positive("max_open_calls", max_open_calls),
+        max_queued_app_calls=_positive("max_queued_app_calls", max_queued_app_calls),
+        max_messages_per_second=_positive("max_messages_per_second", max_messages_per_second),
+        replay_limit=_positive("replay_limit", replay_limit),
+        handshake_timeout=_positive("handshake_timeout", handshake_timeout),
+        authenticate=authenticate,
+        allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
+    )
     # Our own listeners, closed on the way out: trio-websocket leaves them to the GC.
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:
         async with trio.open_nursery() as nursery:
+            hub = Hub(agent, options, nursery)
             ws_server = WebSocketServer(
-                functools.partial(_handle, agent, options),
+                functools.partial(_handle, hub),
                 listeners,
                 handler_nursery=nursery,
                 max_message_size=4 * max_message_size,
@@ -112,22 +216,184 @@ async def serve(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _handle(agent: Agent, options: _Options, request: WebSocketRequest) -> None:
+def _positive(name: str, value: float) -> Any:
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, not {value!r}")
+    return value
+
+
+def _non_negative(name: str, value: float) -> float:
+    if not value >= 0:
+        raise ValueError(f"{name} must not be negative, not {value!r}")
+    return value
+
+
+async def _handle(hub: Hub, request: WebSocketRequest) -> None:
+    options = hub.options
+    headers = tuple(
+        (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
+    )
+    remote = request.remote
+    handshake = HandshakeRequest(
+        path=request.path,
+        headers=headers,
+        remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
+    )
+    try:
+        origin = handshake.header("origin")
+        if options.allowed_origins is not None and origin is not None:
+            if origin not in options.allowed_origins:
+                raise Refuse(403, "origin not allowed")
+        principal = None
+        if options.authenticate is not None:
+            with trio.fail_after(options.handshake_timeout):
+                principal = await options.authenticate(handshake)
+            if principal is None:
+                raise Refuse(401, "unauthorized")
+    except Refuse as refusal:
+        log.info("refused %s: %s", handshake.remote, refusal)
+        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
+            await request.reject(refusal.status, body=refusal.reason.encode())
+        return
+    except Exception:  # the hook's bug, or its timeout: refuse, never crash the server
+        log.exception("authenticate failed for %s", handshake.remote)
+        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
+            await request.reject(500, body=b"internal server error")
+        return
     try:
         ws = await request.accept()
     except ConnectionClosed:
         return
-    await serve_connection(agent, ws, options)
+    await hub.serve_connection(ws, principal)
 
 
-async def serve_connection(agent: Agent, ws: Any, options: _Options | None = None) -> None:
-    """Serve one session over one already-open connection (a trio-websocket connection,
-    or anything with its ``get_message``/``send_message``/``aclose``, such as the memory
-    pair of :mod:`vrt.testing`). Returns when the connection or the session ends."""
-    try:
-        await _Connection(agent, options or _Options(), ws).run()
-    except Exception:  # a bug must cost one connection, never the server
-        log.exception("connection failed")
+async def serve_connection(
+    agent: Agent, ws: Any, options: _Options | None = None, principal: Any = None
+) -> None:
+    """Serve one session over one already-open connection, with no resume (see
+    :class:`Hub` for sessions that outlive their connections). Returns when the
+    connection or the session ends."""
+    async with trio.open_nursery() as nursery:
+        hub = Hub(agent, attrs.evolve(options or _Options(), resume_window=0.0), nursery)
+        await hub.serve_connection(ws, principal)
+
+
+class Hub:
+    """The sessions of one server, which outlive their connections while resumable.
+
+    Each session's actor runs in the hub's nursery; each connection is served by the task
+    that accepted it (:meth:`serve_connection`), attached to one session at a time.
+    """
+
+    def __init__(self, agent: Agent, options: _Options, nursery: trio.Nursery) -> None:
+        self.agent = agent
+        self.options = options
+        self.nursery = nursery
+        self.sessions: dict[str, _Live] = {}
+
+    async def serve_connection(self, ws: Any, principal: Any = None) -> None:
+        """Serve one connection: its handshake, then the session it opens or resumes, until
+        the connection ends (or a newer one takes the session over).
+
+        ``ws`` is a trio-websocket connection or anything with its ``get_message``,
+        ``send_message`` and ``aclose`` (the memory pair of :mod:`vrt.testing`).
+        """
+        options = self.options
+        proto = ServerProtocol(
+            session_id=f"s_{secrets.token_hex(8)}",
+            resume_token=secrets.token_urlsafe(32),  # 256 random bits
+            server_tools=self.agent.registry.keys(),
+            capabilities=options.capabilities,
+            max_message_size=options.max_message_size,
+            replay_limit=options.replay_limit,
+            admit=lambda: len(self.sessions) < options.max_sessions,
+        )
+        try:
+            hello = None
+            with trio.move_on_after(options.handshake_timeout):
+                hello = await _handshake(ws, proto)
+            if hello is None:
+                await _send_and_close(ws, proto.take_outbox())
+                return
+            live = self._resume(hello, proto, principal) if hello.resume else None
+            if hello.resume and live is None:
+                await _send_and_close(ws, proto.take_outbox())
+                return
+            if live is None:
+                live = _Live(self, proto, hello, principal)
+                self.sessions[proto.session_id] = live
+                await self.nursery.start(live.run)
+            await live.serve(ws)
+        except Exception:  # a bug must cost one connection, never the server
+            log.exception("connection failed")
+            with trio.move_on_after(1.0) as scope:
+                scope.shield = True
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.aclose()
+
+    def _resume(self, hello: m.Hello, proto: ServerProtocol, principal: Any) -> _Live | None:
+        """The session ``hello`` resumes, now attached; None (refused on ``proto``) if the
+        session is unknown, closed, the token wrong or the principal another: one answer
+        for all, so a refusal says nothing about whether a session exists."""
+        assert hello.resume is not None
+        live = self.sessions.get(hello.resume.session_id)
+        token = live.proto.resume_token if live is not None else _DECOY_TOKEN
+        matches = hmac.compare_digest(hello.resume.token.encode(), token.encode())
+        if (
+            live is None
+            or not matches
+            or live.principal != principal
+            or not live.proto.can_resume(hello.resume.last_seq)
+        ):
+            log.info("refused a resume (session, token, principal or lastSeq do not match)")
+            proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
+            return None
+        live.resume(hello)
+        return live
+
+
+def _pending_frames(link: _Link) -> list[str]:
+    """The frames the connection's writer did not get to, in order."""
+    frames = []
+    with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+        while True:
+            frames.append(link.frames.receive_nowait())
+    return frames
+
+
+_DECOY_TOKEN = secrets.token_urlsafe(32)  # compared against when the session is unknown
+
+
+async def _handshake(ws: Any, proto: ServerProtocol) -> m.Hello | None:
+    """Read frames until a valid ``hello`` (None if the peer left or was refused);
+    protocol errors are answered on the way."""
+    while proto.state == "handshaking":
+        try:
+            frame = await ws.get_message()
+        except ConnectionClosed:
+            return None
+        accepted = proto.receive(frame)
+        if accepted:
+            hello: m.Hello = accepted[0]
+            return hello
+        for reply in proto.take_outbox():
+            try:
+                await ws.send_message(reply)
+            except ConnectionClosed:
+                return None
+    return None
+
+
+async def _send_and_close(ws: Any, frames: list[str]) -> None:
+    """Best effort, shielded, bounded: ``frames``, then close the connection."""
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        try:
+            for frame in frames:
+                await ws.send_message(frame)
+            await ws.aclose()
+        except ConnectionClosed:
+            pass
 
 
 class _Pending:
@@ -141,139 +407,237 @@ class _Pending:
         self.result: ToolResult | None = None
 
 
-class _Connection:
-    """One client's session actor: the protocol pumped, the session driven."""
+class _Link:
+    """One connection carrying a session: its frames, in order, and its task's scope."""
 
-    def __init__(self, agent: Agent, options: _Options, ws: WebSocketConnection) -> None:
-        # ``ws`` may also be a memory connection (vrt.testing): only get_message,
-        # send_message and aclose are used.
-        self.agent = agent
+    __slots__ = ("frames", "out", "scope", "ws")
+
+    def __init__(self, ws: Any) -> None:
         self.ws = ws
-        self.proto = ServerProtocol(
-            session_id=f"s_{secrets.token_hex(8)}",
-            resume_token=secrets.token_urlsafe(32),  # 256 random bits
-            server_tools=agent.registry.keys(),
-            capabilities=options.capabilities,
-            max_message_size=options.max_message_size,
-        )
-        self.out, self._frames = trio.open_memory_channel[str](math.inf)
+        self.out, self.frames = trio.open_memory_channel[str](math.inf)
+        self.scope = trio.CancelScope()
+
+
+class _Live:
+    """One session's actor: the protocol pumped, the session driven, across connections."""
+
+    def __init__(self, hub: Hub, proto: ServerProtocol, hello: m.Hello, principal: Any) -> None:
+        self.hub = hub
+        self.agent = hub.agent
+        self.options = hub.options
+        self.proto = proto
+        self.hello = hello
+        self.principal = principal
+        self.link: _Link | None = None
         self.inputs, self._inputs = trio.open_memory_channel[tuple[str, int]](math.inf)
         self.session: Session | None = None
         self._scope: trio.CancelScope | None = None
         self._acked = trio.Event()
+        self._attached = trio.Event()
+        self._detached = trio.Event()
         self.pending: dict[str, _Pending] = {}
         self._interrupts = 0
         self.issued: set[str] = set()
         self.answered: set[str] = set()
+        rate = self.options.max_messages_per_second
+        self._tokens = rate
+        self._refill_at = trio.current_time()
+        self._limited_since: float | None = None
+
+    @property
+    def log_id(self) -> str:
+        return self.proto.session_id
 
     def flush(self) -> None:
-        """Hand every frame the protocol queued to the writer, in order."""
-        for frame in self.proto.take_outbox():
-            self.out.send_nowait(frame)
+        """Hand every frame the protocol queued to the current connection, in order.
 
-    async def run(self) -> None:
+        Without a connection they are dropped here: every numbered one is in the replay
+        buffer for the resume.
+        """
+        frames = self.proto.take_outbox()
+        link = self.link
+        if link is not None:
+            for frame in frames:
+                link.out.send_nowait(frame)
+
+    # -- the session's life (in the hub's nursery) --------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer)
+            with trio.CancelScope() as self._scope:
                 try:
-                    hello = await self._handshake()
-                    if hello is not None:
-                        await self._serve(hello)
+                    await self._serve(task_status)
                 except Exception:  # a bug: the peer learns only that it happened
-                    log.exception("session %s failed", self.proto.session_id)
-                    if self.proto.state != "closed":
-                        self.proto.error(
-                            m.INTERNAL, "internal server error", numbered=self.proto.state == "open"
-                        )
+                    log.exception("session %s failed", self.log_id)
+                    if self.proto.state in ("open", "detached"):
+                        self.proto.error(m.INTERNAL, "internal server error")
                         self.proto.close("server")
-                finally:
-                    self.flush()
-                    self.out.close()
-                    nursery.cancel_scope.deadline = trio.current_time() + 5.0
         finally:
-            if self.proto.state == "open":  # cancelled from outside (or the peer vanished)
+            del self.hub.sessions[self.proto.session_id]
+            if self.proto.state in ("open", "detached"):  # cancelled: the server shuts down
                 self.proto.close("shutdown")
-                await self._send_last()
-
-    async def _send_last(self) -> None:
-        """Best effort, shielded: the frames the writer did not get to, ``closed`` last."""
-        frames = []
-        with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            while True:
-                frames.append(self._frames.receive_nowait())
-        frames.extend(self.proto.take_outbox())
-        with trio.move_on_after(1.0) as scope:
-            scope.shield = True
-            try:
-                for frame in frames:
-                    await self.ws.send_message(frame)
-                await self.ws.aclose()
-            except ConnectionClosed:
-                pass
-
-    async def _handshake(self) -> m.Hello | None:
-        while self.proto.state == "handshaking":
-            try:
-                frame = await self.ws.get_message()
-            except ConnectionClosed:
-                return None
-            accepted = self.proto.receive(frame)
             self.flush()
-            if accepted:
-                hello: m.Hello = accepted[0]
-                return hello
-        return None
+            self._drop_link()
 
-    async def _serve(self, hello: m.Hello) -> None:
+    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         specs = [
             ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
-            for t in hello.tools
+            for t in self.hello.tools
         ]
         async with open_session(
-            self.agent, session_id=self.proto.session_id, app_tools=specs, app_host=self
+            self.agent,
+            session_id=self.proto.session_id,
+            app_tools=specs,
+            app_host=self,
+            principal=self.principal,
         ) as session:
             self.session = session
             session.pace = self._pace
+            session.max_open_calls = self.options.max_open_calls
+            session.max_queued_app_calls = self.options.max_queued_app_calls
             session.listen(self._on_event)  # frames in the engine's own order
             async with trio.open_nursery() as nursery:
-                self._scope = nursery.cancel_scope
                 nursery.start_soon(self._turns, session)
                 nursery.start_soon(self._acks)
-                await self._reader(session)
-                nursery.cancel_scope.cancel()
+                task_status.started()
+                await self._expiry()
 
-    # -- tasks --------------------------------------------------------------------------------
-
-    async def _writer(self) -> None:
-        if not await send_frames(self._frames, self.ws):
-            return
-        if self.proto.state == "closed":
-            with trio.move_on_after(5.0):
-                await self.ws.aclose()
-
-    async def _reader(self, session: Session) -> None:
+    async def _expiry(self) -> None:
+        """Until the session closes: whenever it is detached, close it (``expired``) if no
+        connection resumes it within the resume window."""
         proto = self.proto
-        while proto.state == "open":
+        while proto.state != "closed":
+            if proto.state == "detached":
+                self._attached = trio.Event()
+                with trio.move_on_after(self.options.resume_window):
+                    await self._attached.wait()
+                    continue
+                log.info("session %s expired", self.log_id)
+                proto.expire()
+                return
+            self._detached = trio.Event()
+            await self._detached.wait()
+
+    def end(self, reason: str) -> None:
+        """Close the session for good with ``reason`` (``closed`` goes out last)."""
+        self.proto.close(reason)
+        self.flush()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # -- connections (each in the task that accepted it) --------------------------------------
+
+    def resume(self, hello: m.Hello) -> None:
+        """A new connection resumes the session: the newest wins, the old one is closed."""
+        session = self.session
+        self.proto.resume(hello, session.epoch if session is not None else 0)
+        self._drop_link()
+        self._attached.set()
+        self._acked.set()  # the pace check looks again
+
+    async def serve(self, ws: Any) -> None:
+        """Carry the session on ``ws`` until it ends or a newer connection takes over."""
+        link = _Link(ws)
+        self.link = link
+        self.flush()  # welcome (and the replay, on a resume)
+        try:
+            with link.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, link)
+                    await self._reader(link)
+                    nursery.cancel_scope.cancel()
+        finally:
+            # Cancelled from outside: the server is shutting down (trio-websocket may
+            # already have closed the socket under the reader, so this, not the exception).
+            shutdown = trio.current_effective_deadline() == -math.inf
+            frames = _pending_frames(link)
+            if self.link is link:
+                self.link = None
+                proto = self.proto
+                if shutdown and proto.state in ("open", "detached"):
+                    proto.close("shutdown")  # said on this connection, before it closes
+                    frames += proto.take_outbox()
+                elif proto.state == "open":  # the connection died under the session
+                    log.info("session %s detached", self.log_id)
+                    proto.drop()
+                    if self.options.resume_window == 0:
+                        proto.expire()
+                        if self._scope is not None:
+                            self._scope.cancel()
+                    else:
+                        self._detached.set()
+            await _send_and_close(ws, frames)
+
+    def _drop_link(self) -> None:
+        """Stop using the current connection: its writer sends what it has, then closes."""
+        link, self.link = self.link, None
+        if link is not None:
+            link.out.close()
+
+    async def _writer(self, link: _Link) -> None:
+        if await send_frames(link.frames, link.ws):
+            with trio.move_on_after(5.0):
+                await link.ws.aclose()  # done with it: closed session, or replaced
+        link.scope.cancel()
+
+    async def _reader(self, link: _Link) -> None:
+        proto = self.proto
+        session = self.session
+        assert session is not None
+        while True:
             try:
-                frame = await self.ws.get_message()
+                frame = await link.ws.get_message()
             except ConnectionClosed:
-                return  # no resume yet: the session ends with its connection
+                return
+            if self.link is not link or proto.state != "open":
+                continue  # replaced or closed: drain until the close handshake ends
+            if not self._admit():
+                continue
             acked = proto.acked_by_peer
             for message in proto.receive(frame):
                 self._act(session, message)
             self.flush()
             if proto.acked_by_peer != acked:
                 self._acked.set()
+            if proto.state == "closed":  # the client's ``close``
+                self.end("client")
+
+    def _admit(self) -> bool:
+        """The inbound rate limit: a token bucket of ``max_messages_per_second`` a second."""
+        rate = self.options.max_messages_per_second
+        now = trio.current_time()
+        self._tokens = min(rate, self._tokens + (now - self._refill_at) * rate)
+        self._refill_at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            self._limited_since = None
+            return True
+        if self._limited_since is None:
+            self._limited_since = now
+            self.proto.error(
+                m.RATE_LIMITED,
+                f"over {rate:g} messages a second: messages are dropped until the rate falls",
+            )
+            self.flush()
+        elif now - self._limited_since > RATE_CLOSE_AFTER:
+            log.info("session %s closed: over its message rate for too long", self.log_id)
+            self.end("server")
+        return False
 
     async def _pace(self) -> None:
-        """Hold the model while the client is more than HIGH_WATER messages behind.
+        """Hold the model while the client is far behind on acks (or detached).
 
-        A client that acks nothing for STALL_TIMEOUT seconds while held has stopped reading:
-        the session closes with ``overflow`` (it could never catch up within the buffer).
+        A connected client that acks nothing for STALL_TIMEOUT seconds while held has
+        stopped reading: the session closes with ``overflow`` (it could never catch up
+        within the buffer). A detached one is waited for until the resume window ends.
         """
         proto = self.proto
-        while proto.sent_seq - proto.acked_by_peer > HIGH_WATER and proto.state == "open":
+        high_water = self.options.high_water
+        while proto.sent_seq - proto.acked_by_peer > high_water and proto.state != "closed":
             self._acked = trio.Event()
+            if proto.state == "detached":
+                await self._acked.wait()
+                continue
             with trio.move_on_after(STALL_TIMEOUT):
                 await self._acked.wait()
                 continue
@@ -296,7 +660,7 @@ class _Connection:
     def _on_event(self, event: Any) -> None:
         """A session event to a frame, synchronously (a session listener)."""
         proto = self.proto
-        if proto.state != "open":
+        if proto.state not in ("open", "detached"):
             return
         if isinstance(event, ToolStream):
             if m.TOOL_STREAM_V1 in proto.capabilities:
@@ -349,13 +713,6 @@ class _Connection:
         if proto.overflowed:
             self.end("overflow")
         self.flush()
-
-    def end(self, reason: str) -> None:
-        """Close the session for good with ``reason`` (the writer sends ``closed`` last)."""
-        self.proto.close(reason)
-        self.flush()
-        if self._scope is not None:
-            self._scope.cancel()
 
     # -- acting on client messages ------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
 
@@ -33,8 +34,11 @@ class Session:
         *,
         app_tools: Iterable[ToolSpec] = (),
         app_host: AppHost | None = None,
+        principal: Any = None,
     ) -> None:
         self.agent = agent
+        self.principal = principal
+        """Who the session's client is (``vrt.serve``'s ``authenticate``); ``ctx.principal``."""
         self.session_id = session_id
         self.app_host = app_host
         self.app_tools: dict[str, RegisteredApp] = {}
@@ -49,6 +53,10 @@ class Session:
         """Exactly what the model is offered: server tools, then the client's app tools."""
         self.pace: Callable[[], Awaitable[None]] | None = None
         """Awaited before each model event: a transport's flow control (``vrt.serve``)."""
+        self.max_open_calls: int | None = None
+        """Calls of a turn without a result; a call over it FAILED at once (``vrt.serve``)."""
+        self.max_queued_app_calls: int | None = None
+        """App calls waiting for the app; one over it FAILED (``vrt.serve``)."""
         self.app_line: deque[Call] = deque()
         """App calls without a result, in call order: only the first is sent to the client."""
         self._confirmations: dict[str, trio.Event] = {}
@@ -261,6 +269,7 @@ async def open_session(
     session_id: str | None = None,
     app_tools: Iterable[ToolSpec] = (),
     app_host: AppHost | None = None,
+    principal: Any = None,
 ) -> AsyncIterator[Session]:
     """Open an in-process session with ``agent`` (no network).
 
@@ -269,9 +278,10 @@ async def open_session(
     :class:`~vrt.SessionClosed`, and subscribers receive :class:`~vrt.Closed`. If the body
     is cancelled, the same happens.
 
-    ``session_id``, ``app_tools`` and ``app_host`` are for transports (``vrt.serve``): the
-    client's app tools, offered to the model when the agent accepts client tools, and where
-    their calls run.
+    ``session_id``, ``app_tools``, ``app_host`` and ``principal`` are for transports
+    (``vrt.serve``): the client's app tools, offered to the model when the agent accepts
+    client tools, where their calls run, and who the client is (tools see it as
+    ``ctx.principal``).
     """
     with single_unwrapped():
         async with trio.open_nursery() as nursery:
@@ -280,6 +290,7 @@ async def open_session(
                 session_id or f"s_{secrets.token_hex(8)}",
                 app_tools=app_tools,
                 app_host=app_host,
+                principal=principal,
             )
             await nursery.start(session.host)
             try:

@@ -46,6 +46,7 @@ class Turn:
         self._scope = trio.CancelScope()
         self._calls: list[Call] = []  # every call of the turn, in call order
         self._open: dict[str, Call] = {}  # calls not yet final
+        self._refused: set[str] = set()  # calls failed at once over session.max_open_calls
         self._idle: trio.Event | None = None
         self._text: list[str] = []
         self._records: list[CallRecord] = []  # results already fed back, in call order
@@ -191,6 +192,8 @@ class Turn:
                 if isinstance(event, CallDelta):
                     call = calls.get(event.call_id)
                     if call is None:
+                        if event.call_id in self._refused:
+                            continue
                         raise ModelError(f"delta for unknown call {event.call_id!r}")
                     if not isinstance(event.delta, str):
                         raise ModelError(f"delta for call {event.call_id!r} is not a str")
@@ -201,9 +204,15 @@ class Turn:
                     call = Call(self, event.call_id, event.name)
                     self._calls.append(call)
                     calls[call.call_id] = call
+                    limit = session.max_open_calls
+                    if limit is not None and len(calls) > limit:
+                        self._refused.add(call.call_id)  # its deltas and end are dropped
+                        call.abandon(f"too many open calls in this turn (limit {limit})")
                 elif isinstance(event, CallEnd):
                     call = calls.get(event.call_id)
                     if call is None:
+                        if event.call_id in self._refused:
+                            continue
                         raise ModelError(f"end of unknown call {event.call_id!r}")
                     call.complete(event.arguments)
                     nursery.start_soon(call.run)

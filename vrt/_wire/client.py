@@ -59,10 +59,15 @@ class AbortApp:
 
 @attrs.frozen(kw_only=True)
 class Welcomed:
-    """The handshake finished."""
+    """The handshake finished (``resumed``: a resume did)."""
 
     session_id: str
     capabilities: tuple[str, ...]
+    resumed: bool = False
+
+
+ANSWERS_KEPT = 1000
+"""App-call results kept to answer a repeated ``tool.call`` without running it again."""
 
 
 class _AppCall:
@@ -93,12 +98,37 @@ class ClientProtocol(Endpoint):
         self.app_calls: dict[str, _AppCall] = {}
         self.queue: deque[str] = deque()
         self.running: str | None = None
+        self.answers: dict[str, m.WireResult] = {}  # call id -> result sent, oldest first
 
     # -- the app's actions --------------------------------------------------------------------
 
     def hello(self) -> None:
         """Queue the ``hello`` that opens the session."""
         self.send(m.Hello, protocol=m.PROTOCOL, capabilities=self.offered, tools=self.tools)
+
+    def lost(self) -> None:
+        """The connection is gone: ``reconnecting``. Queued frames are dropped; every
+        numbered one is kept for replay."""
+        self.connection.send("lost")
+        self.outbox.clear()
+
+    def resume_hello(self) -> None:
+        """Queue the ``hello`` that resumes the session on a new connection.
+
+        It is outside the session's numbering (seq 0): it belongs to this connection.
+        """
+        assert self.session_id is not None
+        assert self.resume_token is not None
+        self.outbox.clear()
+        self.send_unnumbered(
+            m.Hello,
+            protocol=m.PROTOCOL,
+            capabilities=self.offered,
+            tools=self.tools,
+            resume=m.ResumeRequest(
+                session_id=self.session_id, token=self.resume_token, last_seq=self.received_seq
+            ),
+        )
 
     def send_input(self, text: str) -> None:
         """Queue user input (a new turn; the server interrupts an open one first)."""
@@ -177,7 +207,20 @@ class ClientProtocol(Endpoint):
         return out
 
     def _on_welcome(self, msg: m.Welcome) -> list[Any]:
-        if self.connection.state != "connecting":
+        if self.connection.state == "reconnecting" and msg.resumed:
+            if msg.session_id != self.session_id:
+                return [m.Error(seq=0, code=m.BAD_STATE, message="from the server: resumed "
+                                "another session")]  # fmt: skip
+            self.connection.send("resumed")
+            self.epoch = max(self.epoch, msg.epoch)
+            # Every message of ours after the server's lastSeq again, in order.
+            self.peer_acked(msg.last_seq)
+            self.outbox.extend(frame for seq, frame in self.replay if seq > msg.last_seq)
+            self.ack_state_reset()
+            return [
+                Welcomed(session_id=msg.session_id, capabilities=self.capabilities, resumed=True)
+            ]
+        if self.connection.state != "connecting" or msg.resumed:
             return [m.Error(seq=0, code=m.BAD_STATE, message="from the server: a second welcome")]
         self.connection.send("welcome")
         self.session_id, self.resume_token = msg.session_id, msg.resume_token
@@ -265,6 +308,10 @@ class ClientProtocol(Endpoint):
     def _on_tool_call(self, msg: m.ToolCallMessage) -> list[Any]:
         if msg.call_id in self.app_calls:
             return []  # the same call again (a replay): it runs once
+        answer = self.answers.get(msg.call_id)
+        if answer is not None:  # it ran already: its stored result again, never a rerun
+            self.send(m.ToolResultMessage, call_id=msg.call_id, epoch=msg.epoch, result=answer)
+            return []
         call = _AppCall(msg)
         if msg.epoch != self.epoch:  # the epoch gate
             call.machine.send("stale")
@@ -321,3 +368,7 @@ class ClientProtocol(Endpoint):
             message=result.message,
         )
         self.send(m.ToolResultMessage, call_id=msg.call_id, epoch=msg.epoch, result=wire)
+        answers = self.answers
+        answers[msg.call_id] = wire
+        if len(answers) > ANSWERS_KEPT:
+            del answers[next(iter(answers))]

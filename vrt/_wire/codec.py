@@ -8,6 +8,7 @@ forbids extra keys. Encoding leaves out fields that are None.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from importlib import resources
@@ -122,11 +123,10 @@ def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
     except RecursionError:
         raise DecodeError(m.BAD_JSON, "the frame is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise DecodeError(m.BAD_JSON, f"the frame is not JSON: {_short(exc)}") from None
+        raise DecodeError(m.BAD_JSON, f"the frame is not JSON: {shorten(exc)}") from None
     if not isinstance(data, dict):
         raise DecodeError(m.BAD_MESSAGE, "a frame must be a JSON object")
-    seq = data.get("seq")
-    ref = seq if type(seq) is int and seq >= 0 else None
+    ref = _ref(data.get("seq"))
     type_ = data.get("type")
     cls = _BY_TYPE.get(type_) if isinstance(type_, str) else None
     if cls is None or cls not in allowed:
@@ -134,21 +134,27 @@ def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
         raise DecodeError(m.UNKNOWN_TYPE, f"unknown message type {shown!r}"[:200], ref)
     type_ = cls.TYPE
     fast, full = _VALIDATORS[type_]
-    if not fast(data):
+    try:
+        valid = fast(data)
+    except RecursionError:  # uniqueItems over deeply nested items
+        valid = False
+    if not valid:
         detail = "does not match its schema"
         try:
-            error = jsonschema.exceptions.best_match(full.iter_errors(data))
+            # The first error only: all of them can take seconds to collect (one per item
+            # of a 1 MiB array, or uniqueItems comparing every pair of unsortable items).
+            error = jsonschema.exceptions.best_match(itertools.islice(full.iter_errors(data), 1))
         except RecursionError:
             error, detail = None, "nested too deeply"
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(message)"
-            detail = f"{where}: {_short(error.message)}"
+            detail = f"{where}: {shorten(error.message)}"
         raise DecodeError(m.BAD_MESSAGE, f"{type_}: {detail}", ref, type_)
     del data["type"]
     try:
         return _converter.structure(data, cls)
     except Exception as exc:  # the schema should have caught it; never leak a traceback
-        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {_short(exc)}", ref, type_) from None
+        raise DecodeError(m.BAD_MESSAGE, f"{type_}: {shorten(exc)}", ref, type_) from None
 
 
 def encode(message: Any) -> str:
@@ -167,6 +173,19 @@ def to_dict(message: Any) -> dict[str, Any]:
 _SPACES = re.compile(r"\s+")
 
 
-def _short(exc: object, limit: int = 200) -> str:
+def _ref(seq: Any) -> int | None:
+    """The seq an error answering this frame refers to, if it has a usable one.
+
+    JSON Schema counts 3.0 as an integer, and such a frame, when valid, is numbered 3: its
+    error refers to 3 too, so that it counts as processed like any other (a replay of it
+    is then dropped, not answered twice).
+    """
+    if type(seq) is float and seq.is_integer():
+        seq = int(seq)
+    return seq if type(seq) is int and seq >= 0 else None
+
+
+def shorten(exc: object, limit: int = 200) -> str:
+    """``str(exc)`` on one line and at most ``limit`` characters (for error messages)."""
     text = _SPACES.sub(" ", str(exc))
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -20,6 +20,8 @@ ACK_EVERY = 50
 """Send an ack at least every this many processed messages (and every 200 ms)."""
 REPLAY_LIMIT = 10_000
 """Default bound of the replay buffer (messages the peer has not acked)."""
+ERROR_MESSAGE_LIMIT = 300
+"""The longest ``error`` message, in characters: a short explanation, never a frame echoed."""
 
 
 class Endpoint:
@@ -61,7 +63,12 @@ class Endpoint:
     def error(
         self, code: str, message: str, ref: int | None = None, *, numbered: bool = True
     ) -> None:
-        """Queue an ``error`` (numbered inside a session, seq 0 outside one)."""
+        """Queue an ``error`` (numbered inside a session, seq 0 outside one).
+
+        ``message`` is cut to :data:`ERROR_MESSAGE_LIMIT` characters: some quote the peer's
+        own data (a JSON Schema error about a tool's parameters quotes the schema).
+        """
+        message = codec.shorten(message, ERROR_MESSAGE_LIMIT)
         if numbered:
             self.send(m.Error, code=code, message=message, ref=ref)
         else:
@@ -88,12 +95,20 @@ class Endpoint:
         return True
 
     def peer_acked(self, seq: int) -> None:
-        """The peer processed everything up to ``seq``: forget those frames."""
-        if seq > self.acked_by_peer:
+        """The peer processed everything up to ``seq``: forget those frames.
+
+        An ack above :attr:`sent_seq` claims messages never sent (a broken peer) and is
+        ignored: taken, it would stop every later, true ack from trimming the buffer.
+        """
+        if self.acked_by_peer < seq <= self.sent_seq:
             self.acked_by_peer = seq
             replay = self.replay
             while replay and replay[0][0] <= seq:
                 replay.popleft()
+
+    def ack_state_reset(self) -> None:
+        """A new connection: ack what was processed again at the next chance."""
+        self._ack_sent = 0
 
     def send_ack(self) -> bool:
         """Queue an ack for the highest processed seq if it was not acked yet."""

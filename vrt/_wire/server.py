@@ -9,7 +9,7 @@ engine's state (unknown call, stale epoch, duplicate result) are the actor's to 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from vrt._errors import DefinitionError
@@ -34,26 +34,35 @@ class ServerProtocol(Endpoint):
         capabilities: Collection[str] = m.CAPABILITIES,
         max_message_size: int = MAX_MESSAGE_SIZE,
         replay_limit: int = REPLAY_LIMIT,
+        admit: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(replay_limit=replay_limit)
+        self.admit = admit
+        """Asked before a new session is accepted; False refuses it (``RATE_LIMITED``)."""
         self.session_id = session_id
         self.resume_token = resume_token
         self.server_tools = frozenset(server_tools)
         self.supported = tuple(capabilities)
         self.max_message_size = max_message_size
         self.machine = SESSION.new()
-        """The Session machine: ``handshaking`` until hello is accepted, ``open``, ``closed``."""
+        """The Session machine: ``handshaking`` until hello is accepted, ``open``,
+        ``detached`` while no connection carries the session, ``closed``."""
         self.capabilities: tuple[str, ...] = ()
         self.app_tools: tuple[m.ToolDecl, ...] = ()
 
     @property
     def state(self) -> str:
-        """The Session machine's state (``handshaking``, ``open``, ``closed``)."""
+        """The Session machine's state (``handshaking``, ``open``, ``detached``, ``closed``)."""
         return self.machine.state
 
     def receive(self, frame: str | bytes) -> list[Any]:
-        """Process one frame; return the client messages the session must act on."""
-        if self.state == "closed":
+        """Process one frame; return the client messages the session must act on.
+
+        A ``hello`` with ``resume`` is returned as is, not answered: which session it
+        resumes is the server's to decide (:meth:`resume` on that session's protocol, or
+        :meth:`refuse`).
+        """
+        if self.state in ("closed", "detached"):
             return []
         in_session = self.state == "open"
         if len(frame) > self.max_message_size // 4:  # a character is at most 4 bytes
@@ -95,19 +104,79 @@ class ServerProtocol(Endpoint):
         """Send ``closed`` (final) and stop processing frames."""
         if self.machine.final:
             return
-        in_session = self.state == "open"
+        in_session = self.state in ("open", "detached")
         self.machine.send("close")
         if in_session:
             self.send(m.ClosedMessage, reason=reason)
         else:
             self.send_unnumbered(m.ClosedMessage, reason=reason)
 
+    def refuse(self, code: str, text: str, ref: int | None = None) -> None:
+        """Refuse the hello: ``error`` then ``closed`` (``rejected``), both outside the
+        session's numbering."""
+        self.error(code, text, ref, numbered=False)
+        self.close("rejected")
+
+    def drop(self) -> None:
+        """The connection is gone: the session is ``detached`` and waits for a resume.
+
+        Whatever is queued for the old connection is dropped: every numbered message is
+        in the replay buffer.
+        """
+        self.machine.send("drop")
+        self.outbox.clear()
+
+    def expire(self) -> None:
+        """The resume window ran out while detached: closed, nothing sent."""
+        self.machine.send("expire")
+        self.outbox.clear()
+
+    def can_resume(self, last_seq: int) -> bool:
+        """Whether a client that processed up to ``last_seq`` can be replayed the rest."""
+        if self.state not in ("open", "detached") or self.overflowed:
+            return False
+        if last_seq > self.sent_seq:
+            return False  # the client claims messages never sent
+        first_kept = self.replay[0][0] if self.replay else self.sent_seq + 1
+        return last_seq >= first_kept - 1 and last_seq >= self.acked_by_peer
+
+    def resume(self, hello: m.Hello, epoch: int) -> None:
+        """Reattach a new connection (check :meth:`can_resume` first).
+
+        Queues ``welcome`` (``resumed``, seq 0: it belongs to this connection, so it is
+        never replayed) and then every message after the client's ``lastSeq``, in order.
+        A session still ``open`` (the old connection not yet noticed dead) is taken over:
+        the newest connection wins.
+        """
+        assert hello.resume is not None
+        if self.state == "open":
+            self.drop()
+        self.machine.send("resume")
+        self.outbox.clear()
+        last_seq = hello.resume.last_seq
+        self.peer_acked(last_seq)
+        self.send_unnumbered(
+            m.Welcome,
+            session_id=self.session_id,
+            resume_token=self.resume_token,
+            epoch=epoch,
+            capabilities=self.capabilities,
+            resumed=True,
+            last_seq=self.received_seq,
+        )
+        self.outbox.extend(frame for seq, frame in self.replay if seq > last_seq)
+        self.ack_state_reset()
+
     def _hello(self, hello: m.Hello) -> list[Any]:
         problem = self._refusal(hello)
         if problem is not None:
             code, text = problem
-            self.error(code, text, hello.seq, numbered=False)
-            self.close("rejected")
+            self.refuse(code, text, hello.seq)
+            return []
+        if hello.resume is not None:
+            return [hello]
+        if self.admit is not None and not self.admit():
+            self.refuse(m.RATE_LIMITED, "the server is at its limit of sessions; try later")
             return []
         self.machine.send("accept")
         self.accept(hello.seq)
@@ -131,7 +200,7 @@ class ServerProtocol(Endpoint):
                 f"protocol {hello.protocol!r} is not supported; use {m.PROTOCOL!r}",
             )
         if hello.resume is not None:
-            return m.RESUME_FAILED, "the session cannot be resumed"
+            return None  # the tools are the session's own, declared when it began
         names: set[str] = set()
         for tool in hello.tools:
             if tool.name in self.server_tools:
