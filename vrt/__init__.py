@@ -34,7 +34,7 @@ from vrt._events import (
 )
 from vrt._results import CallRecord, ResultCode, ToolResult, TurnResult
 from vrt._scripted import ScriptedModel, call, pause, say
-from vrt._server import Server, serve
+from vrt._server import HandshakeRequest, Refuse, Server, serve
 from vrt._session import Session, open_session
 from vrt._subscription import Subscription
 from vrt._tools import AppTool, ServerTool, app_tool, server_tool, validate_arguments
@@ -53,12 +53,14 @@ __all__ = [
     "ConfirmRequest",
     "DefinitionError",
     "Event",
+    "HandshakeRequest",
     "InvalidArguments",
     "InvalidTransition",
     "Model",
     "ModelRequest",
     "Phase",
     "Reconnecting",
+    "Refuse",
     "Reject",
     "RemoteProtocolError",
     "ResultCode",

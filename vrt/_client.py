@@ -63,6 +63,7 @@ class Client:
         resume_timeout: float = RESUME_TIMEOUT,
     ) -> None:
         self._reconnect = reconnect
+        self._closing = False
         self._resume_timeout = resume_timeout
         self.tools = {tool.name: tool for tool in tools}
         self.proto = ClientProtocol(
@@ -201,13 +202,6 @@ class Client:
 
         return reply
 
-    async def _handshake(self, ws: Any) -> None:
-        """Send ``hello`` and read until ``welcome`` (before any task runs)."""
-        self.proto.hello()
-        refusal = await self._await_welcome(ws)
-        if refusal is not None:
-            raise refusal
-
     async def _await_welcome(self, ws: Any) -> RemoteProtocolError | None:
         """Send the queued hello on ``ws`` and read until ``welcome``; the refusal if the
         server refused it. Frames after the welcome are left to the reader."""
@@ -233,60 +227,69 @@ class Client:
                         refusal.message if refusal else f"closed: {item.reason}",
                     )
 
-    async def _links(self, ws: Any, *, task_status: trio.TaskStatus[None]) -> None:
-        """Carry the session on ``ws``, then on every connection that resumes it.
+    async def _links(self, first: Any, *, task_status: trio.TaskStatus[None]) -> None:
+        """Open the session on ``first``, then carry it on every connection that resumes it.
 
-        A lost connection moves the Connection machine to ``reconnecting`` (the app gets
-        :class:`~vrt.Reconnecting`); new connections are tried with backoff until one
-        resumes the session (:class:`~vrt.Resumed`), the server refuses the resume, or
-        ``resume_timeout`` passes (then :class:`~vrt.Closed`).
+        A connection lost during the opening handshake is retried with a fresh ``hello``
+        (nothing had happened yet). A lost session connection moves the Connection machine
+        to ``reconnecting`` (the app gets :class:`~vrt.Reconnecting`); new connections are
+        tried with backoff until one resumes the session (:class:`~vrt.Resumed`), the
+        server refuses the resume (:class:`~vrt.Closed` ``expired``), or
+        ``resume_timeout`` passes (``lost``). Without ``reconnect`` a loss is the end.
         """
-        task_status.started()
-        lost = await self._pump(ws)
-        if not lost:
-            return
         reconnect = self._reconnect
-        if reconnect is None or self.proto.session_id is None:
-            self._dispatch(Closed(reason="lost"))
-            return
-        self.proto.lost()
-        self._emit(Reconnecting(session_id=self.proto.session_id))
-        deadline = trio.current_time() + self._resume_timeout
+        started = False
+        deadline: float | None = None
         attempt = 0
         while True:
-            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2**attempt) * random.uniform(0.5, 1.0)
-            if trio.current_time() + delay >= deadline:
-                log.info("session %s: gave up resuming", self.proto.session_id)
+            lost = True
+            try:
+                async with contextlib.nullcontext(first) if attempt == 0 else reconnect() as ws:  # type: ignore[misc]
+                    if not started:
+                        if attempt:
+                            self.proto = ClientProtocol(self.proto.tools, self.proto.offered)
+                        self.proto.hello()
+                        refusal = await self._await_welcome(ws)
+                        if refusal is not None:
+                            raise refusal
+                        started = True
+                        task_status.started()
+                    else:
+                        self.proto.resume_hello()
+                        refusal = await self._await_welcome(ws)
+                        if refusal is not None:
+                            log.info("session %s: resume refused: %s", self.session_id, refusal)
+                            # after our ``close`` the session is gone because it closed
+                            self._dispatch(Closed(reason="client" if self._closing else "expired"))
+                            return
+                        self._resumed()
+                    deadline, attempt = None, 1
+                    lost = await self._pump(ws)
+            except (_Lost, OSError, HandshakeError) as exc:
+                log.debug(
+                    "session %s: connection attempt %d failed: %r", self.session_id, attempt, exc
+                )
+            if not lost:
+                return
+            if started and self.proto.connection.state == "open":
+                self.proto.lost()
+                assert self.proto.session_id is not None
+                self._emit(Reconnecting(session_id=self.proto.session_id))
+            now = trio.current_time()
+            if deadline is None:
+                deadline = now + self._resume_timeout
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempt - 1))
+            delay *= random.uniform(0.5, 1.0)
+            if reconnect is None or now + delay >= deadline:
+                if not started:
+                    raise RemoteProtocolError(
+                        "CLOSED", "the server closed the connection during the handshake"
+                    )
+                log.info("session %s: gave up resuming", self.session_id)
                 self._dispatch(Closed(reason="lost"))
                 return
             await trio.sleep(delay)
             attempt += 1
-            try:
-                with trio.move_on_at(deadline):
-                    async with reconnect() as ws:
-                        self.proto.resume_hello()
-                        refusal = await self._await_welcome(ws)
-                        if refusal is not None:
-                            log.info(
-                                "session %s: resume refused: %s", self.proto.session_id, refusal
-                            )
-                            self._dispatch(Closed(reason="expired"))
-                            return
-                        self._resumed()
-                        lost = await self._pump(ws)
-                if not lost:
-                    return
-                if trio.current_time() >= deadline:
-                    continue  # the next round gives up
-                if self.proto.connection.state == "open":  # lost again after a resume
-                    self.proto.lost()
-                    self._emit(Reconnecting(session_id=self.proto.session_id))
-                    deadline = trio.current_time() + self._resume_timeout
-                    attempt = 0
-            except (_Lost, OSError, HandshakeError) as exc:
-                log.debug(
-                    "session %s: resume attempt %d failed: %r", self.proto.session_id, attempt, exc
-                )
 
     def _resumed(self) -> None:
         """The session is back: our frames queued meanwhile are superseded by the replay
@@ -385,6 +388,7 @@ class Client:
 
     async def _close(self) -> None:
         if self.closed is None and self.proto.connection.state == "open":
+            self._closing = True
             self.proto.close()
             self._flush()
             with trio.move_on_after(CLOSE_TIMEOUT):
@@ -506,12 +510,6 @@ async def open_client(
         if not isinstance(tool, AppTool):
             raise TypeError(f"tools must be vrt.AppTool, not {tool!r}")
     client = Client(tools, capabilities, reconnect, resume_timeout)
-    try:
-        await client._handshake(ws)
-    except _Lost:
-        raise RemoteProtocolError(
-            "CLOSED", "the server closed the connection during the handshake"
-        ) from None
     with single_unwrapped():
         async with trio.open_nursery() as nursery:
             await nursery.start(client._links, ws)

@@ -76,7 +76,7 @@ def compile_schema(schema: Any) -> Check:
             )
         elif key == "uniqueItems":
             if value:
-                checks.append(_unique)
+                checks.append(unique)
         elif key in _KEYWORDS:
             checks.append(_KEYWORDS[key](value))
         else:
@@ -166,9 +166,12 @@ _KEYWORDS: dict[str, Callable[[Any], Check]] = {
 }
 
 
-def _unique(v: Any) -> bool:
-    # A set of canonical keys, not every pair compared: a 1 MiB frame holds some 150,000
-    # items, and comparing each pair took hours (found by bench/fuzz.py).
+def unique(v: Any) -> bool:
+    """``uniqueItems``: no two items of a list are JSON-equal.
+
+    A set of canonical keys, not every pair compared: a 1 MiB frame holds some 150,000
+    items, and comparing each pair took hours (found by bench/fuzz.py).
+    """
     if type(v) is not list:
         return True
     return len({_canonical(x) for x in v}) == len(v)

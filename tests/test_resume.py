@@ -1,0 +1,160 @@
+"""Resume across lost connections: fault injection at every cut, expiry, the newest wins.
+
+The fault-injection test runs one scripted session of several turns (server tools with
+progress, app tools, text) once uncut, then once per message index in each direction,
+cutting the connection before and after that message; after the client resumes, the
+app-facing events, the server's history and the tools' executions must equal the uncut
+run's: every call exactly one result, nothing run twice, no terminal event missing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+import vrt
+from tests.conftest import Log, until
+from vrt import models
+from vrt.testing import CuttingConnection, assert_stream_valid, open_pair
+
+OBJ = {"type": "object"}
+
+
+class Recorder:
+    """What one run did: tool executions by call id, and the history of every model step."""
+
+    def __init__(self) -> None:
+        self.executions: Counter[str] = Counter()
+        self.histories: list[list[Any]] = []
+
+
+class RecordingModel:
+    def __init__(self, inner: vrt.ScriptedModel, recorder: Recorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    def stream(self, request: models.ModelRequest) -> Any:
+        self.recorder.histories.append(list(request.history))
+        return self.inner.stream(request)
+
+
+SCRIPT = [
+    [vrt.say("Looking that up."), vrt.call("lookup", {"q": "a"}, chunks=3)],
+    [vrt.call("highlight", {"id": 1}, chunks=2), vrt.call("highlight", {"id": 2})],
+    [vrt.say("Done with one.")],
+    [vrt.call("lookup", {"q": "b"}), vrt.call("highlight", {"id": 3})],
+    [vrt.say("All done.")],
+]
+INPUTS = ["first", "second"]
+
+
+def session_parts(recorder: Recorder) -> tuple[vrt.Agent, vrt.AppTool]:
+    @vrt.server_tool(risk="low", parameters=OBJ)
+    async def lookup(args: Any, ctx: vrt.ToolContext) -> dict[str, Any]:
+        recorder.executions[ctx.call_id] += 1
+        ctx.emit({"looking": args["q"]})
+        await trio.sleep(0.01)
+        return {"found": args["q"]}
+
+    @vrt.app_tool(parameters=OBJ)
+    async def highlight(args: Any, ctx: vrt.ToolContext) -> str:
+        recorder.executions[ctx.call_id] += 1
+        await trio.sleep(0.01)
+        return f"highlighted {args['id']}"
+
+    model = RecordingModel(vrt.ScriptedModel(SCRIPT), recorder)
+    agent = vrt.define_agent(
+        model=model, tools=[lookup], client_tools="accept", max_steps=3, client_tool_timeout=60
+    )
+    return agent, highlight
+
+
+@attrs.frozen
+class Run:
+    events: list[Any]
+    histories: list[list[Any]]
+    executions: Counter[str]
+    resumes: int
+    messages: int
+    watched: int
+
+
+async def run_session(transport: Any = None) -> Run:
+    """The scripted session, its events as the app saw them (loss and resume left out)."""
+    recorder = Recorder()
+    agent, highlight = session_parts(recorder)
+    wrapped: list[CuttingConnection] = []
+
+    def wrap(ws: Any) -> Any:
+        conn = (
+            transport(ws)
+            if transport is not None and not wrapped
+            else CuttingConnection(ws, direction="send", n=0, before=False)
+        )
+        wrapped.append(conn)
+        return conn
+
+    with trio.fail_after(120):
+        async with open_pair(agent, [highlight], transport=wrap) as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                for text in INPUTS:
+                    await client.send_text(text)
+                    await until(events, lambda e: isinstance(e, vrt.TurnEnded))
+                watched = wrapped[0].count  # messages while the app watched the events
+            assert client.closed is None
+        assert client.closed == vrt.Closed(reason="client")
+    resumes = sum(isinstance(e, vrt.Resumed) for e in events.events)
+    assert resumes == sum(isinstance(e, vrt.Reconnecting) for e in events.events)
+    shown = [e for e in events.events if not isinstance(e, vrt.Reconnecting | vrt.Resumed)]
+    return Run(
+        events=shown,
+        histories=recorder.histories,
+        executions=recorder.executions,
+        resumes=resumes,
+        messages=wrapped[0].count,
+        watched=watched,
+    )
+
+
+def counting(direction: str) -> Any:
+    return functools.partial(CuttingConnection, direction=direction, n=0, before=False)
+
+
+async def test_the_uncut_session(autojump_clock: trio.testing.MockClock) -> None:
+    run = await run_session()
+    assert run.resumes == 0
+    assert_stream_valid(run.events)
+    ends = [e for e in run.events if isinstance(e, vrt.TurnEnded)]
+    assert [e.reason for e in ends] == ["finished", "finished"]
+    settled = [e for e in run.events if isinstance(e, vrt.ToolStream) and e.phase == "settled"]
+    assert [(e.call_id, e.ok) for e in settled] == [(f"call_{i}", True) for i in range(1, 6)]
+    assert run.executions == Counter({f"call_{i}": 1 for i in range(1, 6)})
+
+
+@pytest.mark.parametrize("direction", ["receive", "send"])
+async def test_a_cut_at_every_message_changes_nothing(
+    direction: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Cut before and after every message in one direction: the same session each time."""
+    uncut = await run_session(counting(direction))
+    assert uncut.messages >= (60 if direction == "receive" else 7)
+    for n in range(1, uncut.messages + 1):
+        for before in (True, False):
+            cut = functools.partial(CuttingConnection, direction=direction, n=n, before=before)
+            run = await run_session(cut)
+            where = f"cut {'before' if before else 'after'} {direction} message {n}"
+            # cut in the opening handshake: the client starts over with a fresh hello; cut
+            # once the app stopped watching: the loss and resume are not in the events
+            opening = n == 1 and (before or direction == "send")
+            if n < uncut.watched or (n == uncut.watched and before):
+                assert run.resumes == (0 if opening else 1), where
+            assert run.events == uncut.events, where
+            assert run.histories == uncut.histories, where
+            assert run.executions == uncut.executions, where  # each call ran exactly once
