@@ -13,7 +13,7 @@ import logging
 import math
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -451,8 +451,8 @@ async def connect(
         else:
             stream = await trio.open_tcp_stream(host, port)
         try:
-            async with trio.open_nursery() as nursery:
-                try:
+            with _rejection_as_error():
+                async with trio.open_nursery() as nursery:
                     ws = await wrap_client_stream(
                         nursery,
                         stream,
@@ -461,19 +461,13 @@ async def connect(
                         extra_headers=extra,
                         max_message_size=4 * max_message_size,
                     )
-                except ConnectionRejected as exc:
-                    raise RemoteProtocolError(
-                        f"HTTP_{exc.status_code}",
-                        f"the server refused the connection: HTTP {exc.status_code} "
-                        + (exc.body or b"").decode("utf-8", "replace")[:200],
-                    ) from None
-                try:
-                    yield ws
-                finally:
-                    with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-                        scope.shield = True
-                        await ws.aclose()
-                    nursery.cancel_scope.cancel()
+                    try:
+                        yield ws
+                    finally:
+                        with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+                            scope.shield = True
+                            await ws.aclose()
+                        nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
@@ -521,6 +515,36 @@ async def open_client(
                 with trio.CancelScope(shield=True):
                     await client._close()
                 nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def _rejection_as_error() -> Iterator[None]:
+    """trio-websocket raises a refused upgrade (HTTP 4xx/5xx) from its reader task, so in
+    the connection's nursery's group: a RemoteProtocolError ``HTTP_<status>`` instead."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        rejected = _first(group, ConnectionRejected)
+        if rejected is None:
+            raise
+        raise _refused(rejected) from None
+    except ConnectionRejected as exc:
+        raise _refused(exc) from None
+
+
+def _first(group: BaseExceptionGroup[Any], kind: type[ConnectionRejected]) -> Any:
+    match: BaseException | None = group.split(kind)[0]
+    while isinstance(match, BaseExceptionGroup):
+        match = match.exceptions[0]
+    return match
+
+
+def _refused(exc: ConnectionRejected) -> RemoteProtocolError:
+    body = (exc.body or b"").decode("utf-8", "replace")[:200]
+    return RemoteProtocolError(
+        f"HTTP_{exc.status_code}",
+        f"the server refused the connection: HTTP {exc.status_code}" + (f" {body}" if body else ""),
+    )
 
 
 class _Lost(Exception):

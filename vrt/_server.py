@@ -443,6 +443,7 @@ class _Live:
         self._tokens = rate
         self._refill_at = trio.current_time()
         self._limited_since: float | None = None
+        self._refused_at = 0.0
 
     @property
     def log_id(self) -> str:
@@ -610,16 +611,19 @@ class _Live:
         self._refill_at = now
         if self._tokens >= 1:
             self._tokens -= 1
-            self._limited_since = None
             return True
-        if self._limited_since is None:
+        # An episode of refusals ends after a second without one; RATE_LIMITED once each.
+        if self._limited_since is None or now - self._refused_at > 1.0:
             self._limited_since = now
+            self._refused_at = now
             self.proto.error(
                 m.RATE_LIMITED,
                 f"over {rate:g} messages a second: messages are dropped until the rate falls",
             )
             self.flush()
-        elif now - self._limited_since > RATE_CLOSE_AFTER:
+            return False
+        self._refused_at = now
+        if now - self._limited_since > RATE_CLOSE_AFTER:
             log.info("session %s closed: over its message rate for too long", self.log_id)
             self.end("server")
         return False

@@ -33,7 +33,7 @@ class ResumeRequest:
     """``hello.resume``: the session to resume and the last server seq processed."""
 
     session_id: str
-    token: str
+    token: str = attrs.field(repr=False)  # a secret: never in a log or a repr
     last_seq: int
 
 

@@ -176,7 +176,9 @@ class ServerProtocol(Endpoint):
         if hello.resume is not None:
             return [hello]
         if self.admit is not None and not self.admit():
-            self.refuse(m.RATE_LIMITED, "the server is at its limit of sessions; try later")
+            self.refuse(
+                m.RATE_LIMITED, "the server is at its limit of sessions; try later", hello.seq
+            )
             return []
         self.machine.send("accept")
         self.accept(hello.seq)
