@@ -158,3 +158,63 @@ async def test_a_cut_at_every_message_changes_nothing(
             assert run.events == uncut.events, where
             assert run.histories == uncut.histories, where
             assert run.executions == uncut.executions, where  # each call ran exactly once
+
+
+async def test_work_goes_on_while_the_client_is_away(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cut while an app tool runs: the app tool finishes offline, a server tool runs and
+    streams on the detached session; after the resume the app tool's result (sent while
+    offline) goes through and the app sees every missed event, in order."""
+    first: list[CuttingConnection] = []
+    offline = [True]
+    app_done = trio.Event()
+    server_done = trio.Event()
+
+    def transport(ws: Any) -> Any:
+        if not first:
+            first.append(CuttingConnection(ws, direction="send", n=10**9, before=True))
+            return first[0]
+        if offline[0]:  # every reconnect fails until the test lets them through
+            return CuttingConnection(ws, direction="send", n=1, before=True)
+        return ws
+
+    @vrt.app_tool(parameters=OBJ)
+    async def edit(args: Any, ctx: vrt.ToolContext) -> str:
+        await first[0]._cut()  # the connection drops while the app tool runs
+        await trio.sleep(1.0)
+        app_done.set()
+        return "edited"
+
+    @vrt.server_tool(risk="low", parameters=OBJ)
+    async def fetch(args: Any, ctx: vrt.ToolContext) -> str:
+        await trio.sleep(0.5)
+        ctx.emit({"half": True})
+        await trio.sleep(0.5)
+        server_done.set()
+        return "fetched"
+
+    step = [vrt.call("edit", {}), vrt.call("fetch", {})]
+    agent = vrt.define_agent(model=vrt.ScriptedModel([step]), tools=[fetch], client_tools="accept")
+    async with (
+        open_pair(agent, [edit], transport=transport) as client,
+        client.subscribe() as channel,
+    ):
+        events = Log(channel)
+        await client.send_text("go")
+        await until(events, lambda e: isinstance(e, vrt.Reconnecting))
+        await app_done.wait()
+        await server_done.wait()
+        offline[0] = False
+        await until(events, lambda e: isinstance(e, vrt.TurnEnded))
+    kinds = [
+        e.phase if isinstance(e, vrt.ToolStream) else type(e).__name__
+        for e in events.events
+        if not isinstance(e, vrt.ToolPreview)
+    ]
+    back = kinds.index("Resumed")
+    assert "progress" in kinds[back:]  # the server tool's progress, streamed while away
+    settled = [e for e in events.events if isinstance(e, vrt.ToolStream) and e.phase == "settled"]
+    assert {(e.call_id, e.ok) for e in settled} == {("call_1", True), ("call_2", True)}
+    assert events.events[-1] == vrt.TurnEnded(turn_id="t_1", epoch=0, reason="finished")
+    assert_stream_valid(events.events)
