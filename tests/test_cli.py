@@ -353,7 +353,10 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
 
     root = Path(__file__).parent.parent
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"],
+        [
+            *(sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"),
+            *("--allowed-origin", "https://app.example", "--resume-window", "5"),
+        ],
         cwd=root,
         stdout=subprocess.PIPE,
     )
@@ -370,6 +373,9 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
                 if isinstance(event, vrt.TurnEnded):
                     break
         assert event.reason == "finished"
+        with pytest.raises(vrt.RemoteProtocolError, match="HTTP_403"):  # the options apply
+            async with vrt.connect(url, headers=[("origin", "https://evil.example")]):
+                pass  # pragma: no cover
     finally:
         process.send_signal(signal.SIGINT)
         with trio.fail_after(10):

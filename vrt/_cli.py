@@ -69,6 +69,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)"
     )
+    for flag, kind, default, text in _SAFETY:
+        serve.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
+    serve.add_argument(
+        "--allowed-origin",
+        action="append",
+        dest="allowed_origins",
+        metavar="ORIGIN",
+        help="accept browser upgrades only from this Origin (repeat for more; default: any)",
+    )
     serve.set_defaults(handler=_serve)
 
     diagrams = commands.add_parser(
@@ -144,12 +153,37 @@ def load_agent(target: str) -> vrt.Agent:
     return agent
 
 
+_SAFETY: list[tuple[str, type, float, str]] = [
+    ("--resume-window", float, 30.0, "seconds a dropped session waits for its client"),
+    ("--max-sessions", int, 1000, "live sessions"),
+    ("--max-open-calls", int, 64, "calls of one turn without a result"),
+    ("--max-queued-app-calls", int, 32, "app calls waiting for the app"),
+    ("--max-messages-per-second", float, 100.0, "inbound frames per connection"),
+    ("--replay-limit", int, 10_000, "unacked messages kept for a resume"),
+    ("--handshake-timeout", float, 10.0, "seconds to a valid hello"),
+    ("--max-message-size", int, 1 << 20, "bytes per frame"),
+]
+
+
 def _serve(args: argparse.Namespace) -> int:
     agent = load_agent(args.target)
+    options = {
+        flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
+        for flag, *_ in _SAFETY
+    }
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(functools.partial(vrt.serve, agent, args.host, args.port))
+            server = await nursery.start(
+                functools.partial(
+                    vrt.serve,
+                    agent,
+                    args.host,
+                    args.port,
+                    allowed_origins=args.allowed_origins,
+                    **options,
+                )
+            )
             print(f"vrt serve: {args.target} on {server.url}", flush=True)
 
     trio.run(run)

@@ -50,9 +50,9 @@ epoch 0: a barge-in is its server interrupt; the turn it starts is not modelled.
 whose arguments fail the schema looks on the wire like a declined one. ``arguments-delta``
 and ``progress`` are left out unless ``phases`` (then at most one of each per call): they
 are non-terminal phases that the client treats as it treats ``arguments-complete``, which
-is modelled. The answer of an app tool that returns after ``closed`` is not modelled. The
-engine does not build resume yet (a drop ends its session: the model's expire path); the
-model checks the protocol's (PROTOCOL.md).
+is modelled. The answer of an app tool that returns after ``closed`` is not modelled (the engine
+aborts it). The engine's resume is the protocol's (PROTOCOL.md) as modelled here;
+tests/test_resume.py checks the real one by cutting a session at every message.
 
 **Invariants** (:data:`INVARIANTS`): each call's app-facing stream starts with ``start`` and
 has exactly one terminal unless the session closed; each call gets exactly one result on the
