@@ -106,7 +106,7 @@ def _ignore(outcome: str) -> None:
 @given(st.data())
 def test_server_core_survives_fuzzed_sequences(data: st.DataObject) -> None:
     draws = Draws(data)
-    frames = fuzz.Frames(draws, LIMIT, raw_surrogates=False)
+    frames = fuzz.Frames(draws, LIMIT)
     driver = fuzz.ServerDriver(LIMIT, oracle=True, time_limit=FRAME_TIME, hang=HANG)
     fuzz.server_sequence(draws, frames, driver, _ignore)
 
@@ -115,7 +115,7 @@ def test_server_core_survives_fuzzed_sequences(data: st.DataObject) -> None:
 @given(st.data())
 def test_client_core_survives_fuzzed_sequences(data: st.DataObject) -> None:
     draws = Draws(data)
-    frames = fuzz.Frames(draws, LIMIT, raw_surrogates=False)
+    frames = fuzz.Frames(draws, LIMIT)
     driver = fuzz.ClientDriver(oracle=True, time_limit=FRAME_TIME, hang=HANG)
     fuzz.client_sequence(draws, frames, driver, _ignore)
 
@@ -155,7 +155,7 @@ SERVER_OUTCOMES = {
 @pytest.mark.parametrize("core", ["server", "client"])
 def test_a_seeded_slice_reaches_every_outcome(core: str) -> None:
     chooser = fuzz.RandomChooser(random.Random(0))
-    frames = fuzz.Frames(chooser, LIMIT, raw_surrogates=False)
+    frames = fuzz.Frames(chooser, LIMIT)
     outcomes: Counter[str] = Counter()
 
     def count(outcome: str) -> None:
@@ -299,3 +299,46 @@ def test_an_error_answering_seq_3_0_refers_to_3() -> None:
     assert server.receive(json.dumps({"type": "input", "seq": 4.0, "text": "x"})) == [
         m.Input(seq=4, text="x")
     ]
+
+
+def test_an_oversize_frame_with_a_lone_surrogate_is_too_large() -> None:
+    """Measuring an oversize str frame raised UnicodeEncodeError on a lone surrogate (a
+    memory connection can carry one) and escaped receive()."""
+    server = _server()
+    frame = json.dumps({"type": "input", "seq": 2, "text": "x"})[:-2] + "\ud800" * 400_000 + '"}'
+    assert server.receive(frame) == []
+    (error,) = (json.loads(f) for f in server.take_outbox())
+    assert error["code"] == "TOO_LARGE"
+
+
+def test_a_hello_numbered_50_gets_its_welcome_before_any_ack() -> None:
+    server = _server(open_=False)
+    server.receive(json.dumps({"type": "hello", "seq": 60, "protocol": "vrt/1"}))
+    frames = [json.loads(f) for f in server.take_outbox()]
+    assert frames[0]["type"] == "welcome" and frames[-1]["type"] == "ack"
+
+
+@pytest.mark.parametrize("kind", ["tool.call", "confirm.request", "tool.abort"])
+def test_an_empty_call_id_is_a_broken_frame(kind: str) -> None:
+    """tool.call allowed callId "" but tool.result did not: the answer was refused."""
+    fields = {
+        "tool.call": {"turnId": "t", "epoch": 0, "name": "x", "arguments": {}},
+        "confirm.request": {"name": "x", "arguments": {}, "risk": "low", "prompt": "?"},
+        "tool.abort": {},
+    }[kind]
+    client = ClientProtocol()
+    client.hello()
+    out = client.receive(json.dumps({"type": kind, "seq": 1, "callId": "", **fields}))
+    assert [type(e).__name__ for e in out] == ["Error"] and out[0].code == "BAD_MESSAGE"
+
+
+def test_a_hello_with_too_many_app_tools_is_refused() -> None:
+    """Each app tool's schema costs ~0.25 ms to check: 15,000 in 1 MiB held the loop 4 s."""
+    server = _server(open_=False)
+    tools = [
+        {"name": f"t{i}", "description": "", "parameters": {"type": "object"}} for i in range(129)
+    ]
+    server.receive(json.dumps({"type": "hello", "seq": 1, "protocol": "vrt/1", "tools": tools}))
+    error, closed = (json.loads(f) for f in server.take_outbox())
+    assert error["code"] == "BAD_MESSAGE" and "at most 128" in error["message"]
+    assert closed["reason"] == "rejected"

@@ -20,6 +20,8 @@ from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, Endpoint
 
 MAX_MESSAGE_SIZE = 1 << 20
+MAX_APP_TOOLS = 128
+"""App tools one hello may declare (checking each schema costs ~0.25 ms of the loop)."""
 
 
 class ServerProtocol(Endpoint):
@@ -66,7 +68,9 @@ class ServerProtocol(Endpoint):
             return []
         in_session = self.state == "open"
         if len(frame) > self.max_message_size // 4:  # a character is at most 4 bytes
-            size = len(frame.encode() if isinstance(frame, str) else frame)
+            # surrogatepass: a lone surrogate (possible in memory, never on a socket) counts
+            # 3 bytes instead of raising
+            size = len(frame.encode("utf-8", "surrogatepass") if isinstance(frame, str) else frame)
             if size > self.max_message_size:
                 self.error(
                     m.TOO_LARGE,
@@ -181,7 +185,6 @@ class ServerProtocol(Endpoint):
             )
             return []
         self.machine.send("accept")
-        self.accept(hello.seq)
         self.capabilities = tuple(c for c in self.supported if c in hello.capabilities)
         self.app_tools = hello.tools
         self.send(
@@ -193,6 +196,7 @@ class ServerProtocol(Endpoint):
             resumed=False,
             last_seq=hello.seq,
         )
+        self.accept(hello.seq)  # after welcome: an ack it triggers must not come first
         return [hello]
 
     def _refusal(self, hello: m.Hello) -> tuple[str, str] | None:
@@ -203,6 +207,11 @@ class ServerProtocol(Endpoint):
             )
         if hello.resume is not None:
             return None  # the tools are the session's own, declared when it began
+        if len(hello.tools) > MAX_APP_TOOLS:
+            return (
+                m.BAD_MESSAGE,
+                f"{len(hello.tools)} app tools; at most {MAX_APP_TOOLS} are accepted",
+            )
         names: set[str] = set()
         for tool in hello.tools:
             if tool.name in self.server_tools:
