@@ -9,7 +9,6 @@ run's: every call exactly one result, nothing run twice, no terminal event missi
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections import Counter
 from typing import Any
@@ -22,7 +21,7 @@ import trio.testing
 import vrt
 from tests.conftest import Log, until
 from vrt import models
-from vrt.testing import CuttingConnection, assert_stream_valid, open_pair
+from vrt.testing import CuttingConnection, LoopbackProxy, assert_stream_valid, open_pair
 
 OBJ = {"type": "object"}
 
@@ -221,57 +220,12 @@ async def test_work_goes_on_while_the_client_is_away(
     assert_stream_valid(events.events)
 
 
-class Proxy:
-    """A loopback TCP proxy whose connections the test can cut (real sockets this time)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self.scopes: list[trio.CancelScope] = []
-        self.connections = 0
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        try:
-            async with trio.open_nursery() as nursery:
-                task_status.started()
-                await trio.serve_listeners(self._pipe, listeners, handler_nursery=nursery)
-        finally:
-            for listener in listeners:
-                with trio.CancelScope(shield=True):
-                    await listener.aclose()
-
-    async def _pipe(self, downstream: trio.SocketStream) -> None:
-        self.connections += 1
-        scope = trio.CancelScope()
-        self.scopes.append(scope)
-        async with downstream:
-            with scope:
-                upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
-                async with upstream, trio.open_nursery() as nursery:
-                    nursery.start_soon(self._copy, downstream, upstream)
-                    nursery.start_soon(self._copy, upstream, downstream)
-
-    @staticmethod
-    async def _copy(source: trio.SocketStream, sink: trio.SocketStream) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            async for data in source:
-                await sink.send_all(data)
-
-    def cut(self) -> None:
-        """Drop every connection through the proxy, both ways, at once."""
-        for scope in self.scopes:
-            scope.cancel()
-        self.scopes.clear()
-
-
 async def test_a_real_socket_cut_is_resumed() -> None:
     step = [vrt.say("hello again")]
     agent = vrt.define_agent(model=vrt.ScriptedModel([step, [], step]))
     async with trio.open_nursery() as nursery:
         server = await nursery.start(functools.partial(vrt.serve, agent, "127.0.0.1", 0))
-        proxy = Proxy(server.port)
+        proxy = LoopbackProxy(server.port)
         await nursery.start(proxy.run)
         url = f"ws://127.0.0.1:{proxy.port}/"
         async with vrt.connect(url) as client, client.subscribe() as channel:
@@ -279,7 +233,7 @@ async def test_a_real_socket_cut_is_resumed() -> None:
             await client.send_text("one")
             await until(events, lambda e: isinstance(e, vrt.TurnEnded))
             session = client.session_id
-            proxy.cut()
+            assert proxy.cut() == 1
             await until(events, lambda e: isinstance(e, vrt.Reconnecting))
             await until(events, lambda e: isinstance(e, vrt.Resumed))
             await client.send_text("two")
@@ -287,4 +241,48 @@ async def test_a_real_socket_cut_is_resumed() -> None:
             assert client.session_id == session and ended.turn_id == "t_2"
         assert client.closed == vrt.Closed(reason="client")
         assert proxy.connections == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_leaving_after_a_resume_is_prompt() -> None:
+    """After a resume, leaving vrt.connect cancelled trio-websocket's reader of the new
+    connection before its close handshake, which then waited 5 s for a reply (1 run in 3)."""
+    agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]]))
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(functools.partial(vrt.serve, agent, "127.0.0.1", 0))
+        proxy = LoopbackProxy(server.port)
+        port = await nursery.start(proxy.run)
+        for _ in range(6):
+            async with vrt.connect(f"ws://127.0.0.1:{port}/") as client, client.subscribe() as ch:
+                events = Log(ch)
+                proxy.cut()
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                left = trio.current_time()
+            assert trio.current_time() - left < 1.0
+            assert client.closed == vrt.Closed(reason="client")
+        nursery.cancel_scope.cancel()
+
+
+async def test_leaving_while_reconnecting_is_prompt() -> None:
+    agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]]))
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(functools.partial(vrt.serve, agent, "127.0.0.1", 0))
+        proxy = LoopbackProxy(server.port)
+        proxying = trio.CancelScope()
+
+        async def run_proxy(*, task_status: trio.TaskStatus[int]) -> None:
+            with proxying:
+                await proxy.run(task_status=task_status)
+
+        port = await nursery.start(run_proxy)
+        async with vrt.connect(f"ws://127.0.0.1:{port}/") as client, client.subscribe() as ch:
+            events = Log(ch)
+            proxying.cancel()  # the proxy goes away: every reconnect is refused
+            proxy.cut()
+            await until(events, lambda e: isinstance(e, vrt.Reconnecting))
+            await trio.sleep(0.3)
+            left = trio.current_time()
+        assert trio.current_time() - left < 1.0
+        assert client.closed == vrt.Closed(reason="client")
+        assert not any(isinstance(e, vrt.Resumed) for e in events.events)
         nursery.cancel_scope.cancel()

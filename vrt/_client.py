@@ -64,6 +64,7 @@ class Client:
     ) -> None:
         self._reconnect = reconnect
         self._closing = False
+        self._links_done = trio.Event()
         self._resume_timeout = resume_timeout
         self.tools = {tool.name: tool for tool in tools}
         self.proto = ClientProtocol(
@@ -237,6 +238,12 @@ class Client:
         server refuses the resume (:class:`~vrt.Closed` ``expired``), or
         ``resume_timeout`` passes (``lost``). Without ``reconnect`` a loss is the end.
         """
+        try:
+            await self._carry(first, task_status)
+        finally:
+            self._links_done.set()
+
+    async def _carry(self, first: Any, task_status: trio.TaskStatus[None]) -> None:
         reconnect = self._reconnect
         started = False
         deadline: float | None = None
@@ -288,7 +295,10 @@ class Client:
                 log.info("session %s: gave up resuming", self.session_id)
                 self._dispatch(Closed(reason="lost"))
                 return
-            await trio.sleep(delay)
+            with trio.move_on_after(delay):
+                await self._closed.wait()  # the app left meanwhile: stop trying
+            if self.closed is not None:
+                return
             attempt += 1
 
     def _resumed(self) -> None:
@@ -464,9 +474,10 @@ async def connect(
                     try:
                         yield ws
                     finally:
-                        with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-                            scope.shield = True
-                            await ws.aclose()
+                        if ws.closed is None:  # a lost one needs no close handshake
+                            with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+                                scope.shield = True
+                                await ws.aclose()
                         nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -514,6 +525,11 @@ async def open_client(
             finally:
                 with trio.CancelScope(shield=True):
                     await client._close()
+                    # Let the connection end on its own (the server closes it after
+                    # ``closed``): cancelling it would stop trio-websocket's reader, and a
+                    # close handshake then waits for a reply nobody reads.
+                    with trio.move_on_after(CLOSE_TIMEOUT):
+                        await client._links_done.wait()
                 nursery.cancel_scope.cancel()
 
 

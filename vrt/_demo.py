@@ -12,7 +12,11 @@ user do. Five turns show, in order:
    user approves the first (it runs) and denies the second with a reason (REJECTED);
 3. a call whose arguments fail the tool's JSON Schema (INVALID, the tool never runs);
 4. three app tools called in one model step: the client runs them one at a time, in
-   arrival order, each ``run()`` starting only after the previous one returned;
+   arrival order, each ``run()`` starting only after the previous one returned; while the
+   second runs, the connection drops (the client connects through a
+   :class:`~vrt.testing.LoopbackProxy`, which cuts it): the client shows ``Reconnecting``,
+   resumes the same session (``Resumed``), the app tool's result goes through and the
+   turn goes on as if nothing happened;
 5. the user interrupts (``client.interrupt()``) while an app tool runs, a server tool runs
    and a third call is still streaming its arguments: the three ``cancelled`` events
    appear at once, locally, before any reply from the server; the app tool's run is
@@ -48,6 +52,7 @@ import attrs
 import trio
 
 import vrt
+from vrt._proxy import LoopbackProxy
 from vrt.models import CallDelta, ModelEvent, ModelRequest
 from vrt.testing import assert_stream_valid
 
@@ -165,10 +170,13 @@ async def run_demo(out: TextIO, *, scale: float = 1.0, color: bool = False) -> O
     async with trio.open_nursery() as nursery:
         server = await nursery.start(vrt.serve, agent, "127.0.0.1", 0)
         timeline.note("server", f"vrt.serve listening on {server.url}")
+        # The client connects through a loopback proxy, so the demo can drop its connection.
+        proxy = LoopbackProxy(server.port)
+        url = f"ws://127.0.0.1:{await nursery.start(proxy.run)}/"
         # The app's tasks live outside the client block so that they outlive it: leaving
         # it closes the session, and the follower drains every event up to Closed.
         async with trio.open_nursery() as app_tasks:
-            async with vrt.connect(server.url, tools=app.tools) as client:
+            async with vrt.connect(url, tools=app.tools) as client:
                 timeline.note(
                     "client",
                     f"vrt.connect: {', '.join(client.capabilities) or 'no capabilities'}, "
@@ -177,7 +185,7 @@ async def run_demo(out: TextIO, *, scale: float = 1.0, color: bool = False) -> O
                 await app_tasks.start(timeline.follow, client)
                 await app_tasks.start(app.confirm, client)
                 with trio.move_on_after(PATIENCE) as patience:
-                    await _play(client, app, timeline, scale)
+                    await _play(client, app, timeline, scale, proxy)
         nursery.cancel_scope.cancel()  # stop serving
     turns = seen_turns(timeline.events)
     problems = _check(turns, timeline, app)
@@ -193,13 +201,25 @@ async def run_demo(out: TextIO, *, scale: float = 1.0, color: bool = False) -> O
     )
 
 
-async def _play(client: vrt.Client, app: _App, timeline: Timeline, scale: float) -> None:
-    """The user's side: four turns played to their end, then one interrupted."""
-    for text in _USER[:-1]:
+async def _play(
+    client: vrt.Client, app: _App, timeline: Timeline, scale: float, proxy: LoopbackProxy
+) -> None:
+    """The user's side: four turns played to their end (the connection drops in the
+    fourth), then one interrupted."""
+    for number, text in enumerate(_USER[:-1], 1):
         ended = timeline.when(_is(vrt.TurnEnded))
+        highlighting = app.when_running("highlight")
         await timeline.caught_up()
         timeline.note("user", json.dumps(text))
         await client.send_text(text)
+        if number == 4:  # the network fails while an app tool runs: vrt resumes
+            await highlighting.wait()
+            proxy.cut()
+            timeline.note(
+                "network",
+                "the connection drops while highlight runs in the app",
+                turn_id=timeline.last_turn,
+            )
         await ended.wait()
         await trio.sleep(0.15 * scale)  # the user takes a breath between turns
     # Barge in while the map is drawing in the app, the export runs on the server and the
@@ -288,6 +308,10 @@ def _check(turns: Sequence[SeenTurn], timeline: Timeline, app: _App) -> tuple[st
         assert_stream_valid(timeline.events)
     except AssertionError as exc:
         problems.append(f"stream lifecycle: {exc}")
+    # The connection drop in turn 4: lost once, resumed once, nothing run twice.
+    kinds = [type(e).__name__ for e in timeline.events]
+    if (kinds.count("Reconnecting"), kinds.count("Resumed")) != (1, 1):
+        problems.append("the connection drop was not seen lost once and resumed once")
     # The serial queue: app tools run one at a time, in the model's call order.
     app_calls = [c.call_id for t in turns for c in t.calls if c.kind == "app"]
     ran = [run.call_id for run in app.runs]
@@ -706,6 +730,8 @@ class Timeline:
         self._notes: list[_Note] = []
         self._issued: set[str] = set()  # calls whose arguments-complete was shown
         self._turns: dict[str, str] = {}  # call id -> turn id
+        self.last_turn = ""
+        """The turn the timeline showed starting last."""
 
     async def follow(
         self, client: vrt.Client, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -809,6 +835,7 @@ class Timeline:
         elif isinstance(event, vrt.TextDelta):
             self._line(event.turn_id, "agent", self.paint(json.dumps(event.text), "cyan"))
         elif isinstance(event, vrt.TurnStarted):
+            self.last_turn = event.turn_id
             self._line(event.turn_id, "turn", self.paint(f"started (epoch {event.epoch})", "bold"))
         elif isinstance(event, vrt.TurnEnded):
             style = "bold" if event.reason == "finished" else "yellow"
@@ -817,6 +844,12 @@ class Timeline:
                 "turn",
                 self.paint(f"ended {event.reason} (epoch now {event.epoch})", style),
             )
+        elif isinstance(event, vrt.Reconnecting):
+            text = "connection lost: reconnecting with backoff (the server keeps the session)"
+            self._line(self.last_turn, "client", self.paint(text, "yellow"))
+        elif isinstance(event, vrt.Resumed):
+            text = "resumed the same session: what was missed is replayed, in order"
+            self._line(self.last_turn, "client", self.paint(text, "yellow"))
         elif isinstance(event, vrt.Closed):
             self._line("", "session", f"closed ({event.reason})")
         else:  # a new event type: still show it rather than drop it silently

@@ -33,6 +33,7 @@ from vrt._errors import InvalidTransition
 from vrt._events import Closed, Phase, ToolStream, TurnEnded
 from vrt._groups import single_unwrapped
 from vrt._memory import MemoryConnection, memory_connection_pair
+from vrt._proxy import LoopbackProxy
 from vrt._server import Hub, Server, _Options, serve
 from vrt._strategies import (
     TurnScripts,
@@ -53,6 +54,7 @@ from vrt._wire import messages as m
 
 __all__ = [
     "CuttingConnection",
+    "LoopbackProxy",
     "TurnScripts",
     "asks_confirmation",
     "assert_stream_valid",

@@ -1,0 +1,64 @@
+"""A loopback TCP proxy whose connections can be cut: fault injection on real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+
+import trio
+
+
+class LoopbackProxy:
+    """Listens on 127.0.0.1 and pipes every connection to ``target_port``; :meth:`cut`
+    drops every connection through it at once, both ways, as a network failure would.
+
+    ``port = await nursery.start(proxy.run)``; new connections keep working after a cut.
+    """
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.port = 0
+        self.connections = 0
+        """Connections accepted so far."""
+        self._scopes: set[trio.CancelScope] = set()
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``task_status`` gets the proxy's port."""
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(self.port)
+                await trio.serve_listeners(self._pipe, listeners, handler_nursery=nursery)
+        finally:
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
+
+    def cut(self) -> int:
+        """Drop every open connection; returns how many."""
+        scopes, self._scopes = self._scopes, set()
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
+
+    async def _pipe(self, downstream: trio.SocketStream) -> None:
+        self.connections += 1
+        scope = trio.CancelScope()
+        self._scopes.add(scope)
+        try:
+            async with downstream:
+                with scope:
+                    upstream = await trio.open_tcp_stream(self.target_host, self.target_port)
+                    async with upstream, trio.open_nursery() as nursery:
+                        nursery.start_soon(_copy, downstream, upstream, nursery.cancel_scope)
+                        nursery.start_soon(_copy, upstream, downstream, nursery.cancel_scope)
+        finally:
+            self._scopes.discard(scope)
+
+
+async def _copy(source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        async for data in source:
+            await sink.send_all(data)
+    done.cancel()  # one side closed: close the other
