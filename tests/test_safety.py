@@ -165,6 +165,17 @@ async def test_a_resume_window_that_runs_out_closes_the_session() -> None:
     assert answer[0]["code"] == "RESUME_FAILED"
 
 
+async def test_an_expired_session_is_gone() -> None:
+    """Its actor ends and frees its place: with max_sessions=1 a new session fits."""
+    async with serving(chat_agent(), resume_window=0.1, max_sessions=1) as server:
+        async with connected(server) as first:
+            await first.hello()
+        await trio.sleep(0.4)
+        async with connected(server) as second:
+            await second.hello()
+            await second.works()
+
+
 async def test_the_client_sees_expiry(autojump_clock: trio.testing.MockClock) -> None:
     """The connection is cut and stays down longer than the server's window: the client's
     resume is refused and the app gets Reconnecting, then Closed('expired')."""

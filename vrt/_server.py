@@ -502,6 +502,7 @@ class _Live:
                 nursery.start_soon(self._acks)
                 task_status.started()
                 await self._expiry()
+                nursery.cancel_scope.cancel()  # expired: the session's tasks end with it
 
     async def _expiry(self) -> None:
         """Until the session closes: whenever it is detached, close it (``expired``) if no
