@@ -360,6 +360,7 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
         [
             *(sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"),
             *("--max-sessions", "1", "--resume-window", "5"),
+            *("--allowed-origin", "https://app.example"),
         ],
         cwd=root,
         stdout=subprocess.PIPE,
@@ -380,6 +381,10 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
                 async with vrt.connect(url):
                     pass  # pragma: no cover
         assert event.reason == "finished"
+        # An HTTP-refused upgrade once kept the process from stopping on SIGINT (3 in 10).
+        with pytest.raises(vrt.RemoteProtocolError, match="HTTP_403"):
+            async with vrt.connect(url, headers=[("origin", "https://evil.example")]):
+                pass  # pragma: no cover
     finally:
         process.send_signal(signal.SIGINT)
         with trio.move_on_after(10):

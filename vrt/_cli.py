@@ -6,6 +6,7 @@ import argparse
 import functools
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -173,18 +174,26 @@ def _serve(args: argparse.Namespace) -> int:
     }
 
     async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                functools.partial(
-                    vrt.serve,
-                    agent,
-                    args.host,
-                    args.port,
-                    allowed_origins=args.allowed_origins,
-                    **options,
+        # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
+        # KeyboardInterrupt delivery, which after an HTTP-refused upgrade sometimes never
+        # reached the main task (the process hung; see the README's known limits).
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                server = await nursery.start(
+                    functools.partial(
+                        vrt.serve,
+                        agent,
+                        args.host,
+                        args.port,
+                        allowed_origins=args.allowed_origins,
+                        **options,
+                    )
                 )
-            )
-            print(f"vrt serve: {args.target} on {server.url}", flush=True)
+                print(f"vrt serve: {args.target} on {server.url}", flush=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()  # every session gets closed(shutdown)
+                    break
+        raise KeyboardInterrupt  # the exit status of an interrupted command: 130
 
     trio.run(run)
     return 0
