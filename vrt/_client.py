@@ -31,7 +31,7 @@ from vrt._context import Signal, ToolContext
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
 from vrt._events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
 from vrt._groups import single_unwrapped
-from vrt._memory import send_frames
+from vrt._memory import AckTimer, send_frames
 from vrt._results import ResultCode, ToolResult
 from vrt._subscription import Subscription
 from vrt._tools import AppTool
@@ -41,7 +41,6 @@ from vrt._wire.server import MAX_MESSAGE_SIZE
 
 log = logging.getLogger("vrt.client")
 
-ACK_INTERVAL = 0.2
 CLOSE_TIMEOUT = 5.0
 RESUME_TIMEOUT = 30.0
 """How long a client tries to resume a lost session (the server's default window)."""
@@ -65,6 +64,7 @@ class Client:
         self._reconnect = reconnect
         self._closing = False
         self._links_done = trio.Event()
+        self._acks = AckTimer(self._send_ack)
         self._resume_timeout = resume_timeout
         self.tools = {tool.name: tool for tool in tools}
         self.proto = ClientProtocol(
@@ -271,6 +271,8 @@ class Client:
                             return
                         self._resumed()
                     deadline, attempt = None, 1
+                    if self.proto.ack_due:
+                        self._acks.due()  # the welcome; on a resume, everything again
                     lost = await self._pump(ws)
             except (_Lost, OSError, HandshakeError) as exc:
                 log.debug(
@@ -338,12 +340,12 @@ class Client:
             if self.proto.queue:
                 self._wake.set()
             self._flush()
+            if self.proto.ack_due:
+                self._acks.due()
 
-    async def _acks(self) -> None:
-        while True:
-            await trio.sleep(ACK_INTERVAL)
-            if self.proto.send_ack():
-                self._flush()
+    def _send_ack(self) -> None:
+        if self.proto.send_ack():
+            self._flush()
 
     async def _runner(self) -> None:
         """Run app calls one at a time, in arrival order."""
@@ -519,7 +521,7 @@ async def open_client(
         async with trio.open_nursery() as nursery:
             await nursery.start(client._links, ws)
             nursery.start_soon(client._runner)
-            nursery.start_soon(client._acks)
+            nursery.start_soon(client._acks.run)
             try:
                 yield client
             finally:

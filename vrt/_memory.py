@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -75,6 +76,36 @@ async def send_frames(frames: trio.MemoryReceiveChannel[str], ws: Any) -> bool:
             await ws.send_message(frame)
         except ConnectionClosed:
             return False
+
+
+ACK_INTERVAL = 0.2
+"""An ack goes out at most this long after the first message it acknowledges."""
+
+
+class AckTimer:
+    """The 200 ms ack rule for one side of a session, asleep while nothing awaits an ack.
+
+    Call :meth:`due` when a processed message has not been acked yet (``ack_due``);
+    :meth:`run` then calls ``send`` once, ACK_INTERVAL later. An idle session costs no
+    wakeups (a timer per session waking every 200 ms took half a core for 1,000 idle
+    sessions, bench/load.py).
+    """
+
+    def __init__(self, send: Callable[[], object]) -> None:
+        self._send = send
+        self._due = trio.Event()
+
+    def due(self) -> None:
+        """Something waits for an ack."""
+        self._due.set()
+
+    async def run(self) -> None:
+        """Send acks while the session lives (a task of its own)."""
+        while True:
+            await self._due.wait()
+            await trio.sleep(ACK_INTERVAL)
+            self._due = trio.Event()  # what arrives from now on is a new wait
+            self._send()
 
 
 def memory_connection_pair() -> tuple[MemoryConnection, MemoryConnection]:

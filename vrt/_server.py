@@ -37,7 +37,7 @@ from vrt._events import (
     TurnEnded,
     TurnStarted,
 )
-from vrt._memory import send_frames
+from vrt._memory import AckTimer, send_frames
 from vrt._results import ResultCode, ToolResult
 from vrt._session import Session, open_session
 from vrt._wire import messages as m
@@ -47,7 +47,6 @@ from vrt.models import ToolSpec
 
 log = logging.getLogger("vrt.server")
 
-ACK_INTERVAL = 0.2
 HIGH_WATER = 4000
 """Unacked messages at which the model is held (under the replay buffer's 10,000)."""
 STALL_TIMEOUT = 30.0
@@ -433,6 +432,7 @@ class _Live:
         self.session: Session | None = None
         self._scope: trio.CancelScope | None = None
         self._acked = trio.Event()
+        self._acks = AckTimer(self._send_ack)
         self._attached = trio.Event()
         self._detached = trio.Event()
         self.pending: dict[str, _Pending] = {}
@@ -499,7 +499,7 @@ class _Live:
             session.listen(self._on_event)  # frames in the engine's own order
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._turns, session)
-                nursery.start_soon(self._acks)
+                nursery.start_soon(self._acks.run)
                 task_status.started()
                 await self._expiry()
                 nursery.cancel_scope.cancel()  # expired: the session's tasks end with it
@@ -542,6 +542,8 @@ class _Live:
         link = _Link(ws)
         self.link = link
         self.flush()  # welcome (and the replay, on a resume)
+        if self.proto.ack_due:
+            self._acks.due()  # the hello; on a resume, everything again
         try:
             with link.scope:
                 async with trio.open_nursery() as nursery:
@@ -599,6 +601,8 @@ class _Live:
             for message in proto.receive(frame):
                 self._act(session, message)
             self.flush()
+            if proto.ack_due:
+                self._acks.due()
             if proto.acked_by_peer != acked:
                 self._acked.set()
             if proto.state == "closed":  # the client's ``close``
@@ -656,11 +660,9 @@ class _Live:
             if generation != self._interrupts:
                 turn.interrupt()  # the user interrupted after sending it
 
-    async def _acks(self) -> None:
-        while True:
-            await trio.sleep(ACK_INTERVAL)
-            if self.proto.send_ack():
-                self.flush()
+    def _send_ack(self) -> None:
+        if self.proto.send_ack():
+            self.flush()
 
     def _on_event(self, event: Any) -> None:
         """A session event to a frame, synchronously (a session listener)."""

@@ -110,9 +110,14 @@ class Endpoint:
         """A new connection: ack what was processed again at the next chance."""
         self._ack_sent = 0
 
+    @property
+    def ack_due(self) -> bool:
+        """Whether something processed has not been acked yet."""
+        return self.received_seq > self._ack_sent
+
     def send_ack(self) -> bool:
         """Queue an ack for the highest processed seq if it was not acked yet."""
-        if self.received_seq <= self._ack_sent:
+        if not self.ack_due:
             return False
         self._ack_sent = self.received_seq
         self.outbox.append(codec.encode(m.Ack(seq=self.received_seq)))
