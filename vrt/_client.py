@@ -245,21 +245,19 @@ class Client:
 
     async def _carry(self, first: Any, task_status: trio.TaskStatus[None]) -> None:
         reconnect = self._reconnect
-        started = False
         deadline: float | None = None
         attempt = 0
         while True:
             lost = True
             try:
                 async with contextlib.nullcontext(first) if attempt == 0 else reconnect() as ws:  # type: ignore[misc]
-                    if not started:
+                    if self.proto.connection.state == "connecting":  # no session yet
                         if attempt:
                             self.proto = ClientProtocol(self.proto.tools, self.proto.offered)
                         self.proto.hello()
                         refusal = await self._await_welcome(ws)
                         if refusal is not None:
                             raise refusal
-                        started = True
                         task_status.started()
                     else:
                         self.proto.resume_hello()
@@ -280,7 +278,7 @@ class Client:
                 )
             if not lost:
                 return
-            if started and self.proto.connection.state == "open":
+            if self.proto.connection.state == "open":
                 self.proto.lost()
                 assert self.proto.session_id is not None
                 self._emit(Reconnecting(session_id=self.proto.session_id))
@@ -290,7 +288,7 @@ class Client:
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempt - 1))
             delay *= random.uniform(0.5, 1.0)
             if reconnect is None or now + delay >= deadline:
-                if not started:
+                if self.proto.connection.state == "connecting":  # never had a session
                     raise RemoteProtocolError(
                         "CLOSED", "the server closed the connection during the handshake"
                     )
@@ -463,7 +461,7 @@ async def connect(
         else:
             stream = await trio.open_tcp_stream(host, port)
         try:
-            with _rejection_as_error():
+            with _rejection_as_error(), single_unwrapped():
                 async with trio.open_nursery() as nursery:
                     ws = await wrap_client_stream(
                         nursery,
@@ -537,32 +535,18 @@ async def open_client(
 
 @contextlib.contextmanager
 def _rejection_as_error() -> Iterator[None]:
-    """trio-websocket raises a refused upgrade (HTTP 4xx/5xx) from its reader task, so in
-    the connection's nursery's group: a RemoteProtocolError ``HTTP_<status>`` instead."""
+    """A refused upgrade (HTTP 4xx/5xx: trio-websocket's ConnectionRejected, raised from its
+    reader task, unwrapped from the nursery's group) as RemoteProtocolError
+    ``HTTP_<status>``."""
     try:
         yield
-    except BaseExceptionGroup as group:
-        rejected = _first(group, ConnectionRejected)
-        if rejected is None:
-            raise
-        raise _refused(rejected) from None
     except ConnectionRejected as exc:
-        raise _refused(exc) from None
-
-
-def _first(group: BaseExceptionGroup[Any], kind: type[ConnectionRejected]) -> Any:
-    match: BaseException | None = group.split(kind)[0]
-    while isinstance(match, BaseExceptionGroup):
-        match = match.exceptions[0]
-    return match
-
-
-def _refused(exc: ConnectionRejected) -> RemoteProtocolError:
-    body = (exc.body or b"").decode("utf-8", "replace")[:200]
-    return RemoteProtocolError(
-        f"HTTP_{exc.status_code}",
-        f"the server refused the connection: HTTP {exc.status_code}" + (f" {body}" if body else ""),
-    )
+        body = (exc.body or b"").decode("utf-8", "replace")[:200]
+        raise RemoteProtocolError(
+            f"HTTP_{exc.status_code}",
+            f"the server refused the connection: HTTP {exc.status_code}"
+            + (f" {body}" if body else ""),
+        ) from None
 
 
 class _Lost(Exception):

@@ -266,17 +266,6 @@ async def _handle(hub: Hub, request: WebSocketRequest) -> None:
     await hub.serve_connection(ws, principal)
 
 
-async def serve_connection(
-    agent: Agent, ws: Any, options: _Options | None = None, principal: Any = None
-) -> None:
-    """Serve one session over one already-open connection, with no resume (see
-    :class:`Hub` for sessions that outlive their connections). Returns when the
-    connection or the session ends."""
-    async with trio.open_nursery() as nursery:
-        hub = Hub(agent, attrs.evolve(options or _Options(), resume_window=0.0), nursery)
-        await hub.serve_connection(ws, principal)
-
-
 class Hub:
     """The sessions of one server, which outlive their connections while resumable.
 
@@ -314,11 +303,12 @@ class Hub:
             if hello is None:
                 await _send_and_close(ws, proto.take_outbox())
                 return
-            live = self._resume(hello, proto, principal) if hello.resume else None
-            if hello.resume and live is None:
-                await _send_and_close(ws, proto.take_outbox())
-                return
-            if live is None:
+            if hello.resume is not None:
+                live = self._resume(hello, proto, principal)
+                if live is None:
+                    await _send_and_close(ws, proto.take_outbox())
+                    return
+            else:
                 live = _Live(self, proto, hello, principal)
                 self.sessions[proto.session_id] = live
                 await self.nursery.start(live.run)
@@ -470,12 +460,12 @@ class _Live:
                     await self._serve(task_status)
                 except Exception:  # a bug: the peer learns only that it happened
                     log.exception("session %s failed", self.log_id)
-                    if self.proto.state in ("open", "detached"):
+                    if self.proto.in_session:
                         self.proto.error(m.INTERNAL, "internal server error")
                         self.proto.close("server")
         finally:
             del self.hub.sessions[self.proto.session_id]
-            if self.proto.state in ("open", "detached"):  # cancelled: the server shuts down
+            if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
             self.flush()
             self._drop_link()
@@ -558,7 +548,7 @@ class _Live:
             if self.link is link:
                 self.link = None
                 proto = self.proto
-                if shutdown and proto.state in ("open", "detached"):
+                if shutdown and proto.in_session:
                     proto.close("shutdown")  # said on this connection, before it closes
                     frames += proto.take_outbox()
                 elif proto.state == "open":  # the connection died under the session
@@ -667,7 +657,7 @@ class _Live:
     def _on_event(self, event: Any) -> None:
         """A session event to a frame, synchronously (a session listener)."""
         proto = self.proto
-        if proto.state not in ("open", "detached"):
+        if not proto.in_session:
             return
         if isinstance(event, ToolStream):
             if m.TOOL_STREAM_V1 in proto.capabilities:

@@ -57,6 +57,11 @@ class ServerProtocol(Endpoint):
         """The Session machine's state (``handshaking``, ``open``, ``detached``, ``closed``)."""
         return self.machine.state
 
+    @property
+    def in_session(self) -> bool:
+        """The session exists: accepted and not closed (``open`` or ``detached``)."""
+        return self.state in ("open", "detached")
+
     def receive(self, frame: str | bytes) -> list[Any]:
         """Process one frame; return the client messages the session must act on.
 
@@ -108,7 +113,7 @@ class ServerProtocol(Endpoint):
         """Send ``closed`` (final) and stop processing frames."""
         if self.machine.final:
             return
-        in_session = self.state in ("open", "detached")
+        in_session = self.in_session
         self.machine.send("close")
         if in_session:
             self.send(m.ClosedMessage, reason=reason)
@@ -137,7 +142,7 @@ class ServerProtocol(Endpoint):
 
     def can_resume(self, last_seq: int) -> bool:
         """Whether a client that processed up to ``last_seq`` can be replayed the rest."""
-        if self.state not in ("open", "detached") or self.overflowed:
+        if not self.in_session or self.overflowed:
             return False
         if last_seq > self.sent_seq:
             return False  # the client claims messages never sent
