@@ -64,7 +64,7 @@ class Client:
         self._reconnect = reconnect
         self._closing = False
         self._links_done = trio.Event()
-        self._acks = AckTimer(self._send_ack)
+        self._acks = AckTimer()
         self._resume_timeout = resume_timeout
         self.tools = {tool.name: tool for tool in tools}
         self.proto = ClientProtocol(
@@ -270,7 +270,7 @@ class Client:
                         self._resumed()
                     deadline, attempt = None, 1
                     if self.proto.ack_due:
-                        self._acks.due()  # the welcome; on a resume, everything again
+                        self._acks.due(self._send_ack)  # the welcome; on a resume, everything again
                     lost = await self._pump(ws)
             except (_Lost, OSError, HandshakeError) as exc:
                 log.debug(
@@ -339,7 +339,7 @@ class Client:
                 self._wake.set()
             self._flush()
             if self.proto.ack_due:
-                self._acks.due()
+                self._acks.due(self._send_ack)
 
     def _send_ack(self) -> None:
         if self.proto.send_ack():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
+
+log = logging.getLogger("vrt")
 
 
 class MemoryConnection:
@@ -83,29 +86,52 @@ ACK_INTERVAL = 0.2
 
 
 class AckTimer:
-    """The 200 ms ack rule for one side of a session, asleep while nothing awaits an ack.
+    """The 200 ms ack rule for any number of sessions, in one task asleep while no ack is due.
 
-    Call :meth:`due` when a processed message has not been acked yet (``ack_due``);
-    :meth:`run` then calls ``send`` once, ACK_INTERVAL later. An idle session costs no
-    wakeups (a timer per session waking every 200 ms took half a core for 1,000 idle
-    sessions, bench/load.py).
+    Call :meth:`due` with a session's ``send`` when one of its processed messages has not
+    been acked (``ack_due``); :meth:`run` calls ``send()`` once, ACK_INTERVAL later (more
+    ``due`` calls meanwhile change nothing). A server runs one for all its sessions: a
+    timer task per session cost a task's memory each, and waking every 200 ms took half a
+    core for 1,000 idle sessions (bench/load.py).
     """
 
-    def __init__(self, send: Callable[[], object]) -> None:
-        self._send = send
-        self._due = trio.Event()
+    def __init__(self) -> None:
+        # A list and a dict, not a deque and a set: a client has one of these, and an idle
+        # one should cost little (due entries leave in batches, so no pop(0) per entry).
+        self._queue: list[tuple[float, Callable[[], object]]] = []
+        self._armed: dict[Callable[[], object], None] = {}
+        self._wake: trio.Event | None = None
 
-    def due(self) -> None:
-        """Something waits for an ack."""
-        self._due.set()
+    def due(self, send: Callable[[], object]) -> None:
+        """Something of ``send``'s session waits for an ack."""
+        if send in self._armed:
+            return
+        self._armed[send] = None
+        self._queue.append((trio.current_time() + ACK_INTERVAL, send))
+        if self._wake is not None:
+            self._wake.set()
 
-    async def run(self) -> None:
-        """Send acks while the session lives (a task of its own)."""
+    async def run(self) -> NoReturn:
+        """Send acks when they are due, until cancelled (a task of its own)."""
+        queue = self._queue
         while True:
-            await self._due.wait()
-            await trio.sleep(ACK_INTERVAL)
-            self._due = trio.Event()  # what arrives from now on is a new wait
-            self._send()
+            if not queue:
+                self._wake = trio.Event()
+                await self._wake.wait()
+                self._wake = None
+            await trio.sleep_until(queue[0][0])
+            now = trio.current_time()
+            due = 0
+            while due < len(queue) and queue[due][0] <= now:
+                due += 1
+            sends = [send for _, send in queue[:due]]
+            del queue[:due]
+            for send in sends:
+                del self._armed[send]
+                try:
+                    send()
+                except Exception:  # one session's bug must not stop every session's acks
+                    log.exception("sending an ack failed")
 
 
 def memory_connection_pair() -> tuple[MemoryConnection, MemoryConnection]:

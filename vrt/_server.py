@@ -39,7 +39,7 @@ from vrt._events import (
 )
 from vrt._memory import AckTimer, send_frames
 from vrt._results import ResultCode, ToolResult
-from vrt._session import Session, open_session
+from vrt._session import Session
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT
 from vrt._wire.server import MAX_MESSAGE_SIZE, ServerProtocol
@@ -228,7 +228,19 @@ def _non_negative(name: str, value: float) -> float:
 
 
 async def _handle(hub: Hub, request: WebSocketRequest) -> None:
-    options = hub.options
+    admitted, principal = await _admit(hub.options, request)
+    if not admitted:
+        return
+    try:
+        ws = await request.accept()
+    except ConnectionClosed:
+        return
+    await hub.serve_connection(ws, principal)
+
+
+async def _admit(options: _Options, request: WebSocketRequest) -> tuple[bool, Any]:
+    """Check the upgrade request (origin, ``authenticate``): ``(True, principal)``, or
+    ``(False, None)`` once it is refused with an HTTP status."""
     headers = tuple(
         (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
     )
@@ -253,17 +265,13 @@ async def _handle(hub: Hub, request: WebSocketRequest) -> None:
         log.info("refused %s: %s", handshake.remote, refusal)
         with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
             await request.reject(refusal.status, body=refusal.reason.encode())
-        return
+        return False, None
     except Exception:  # the hook's bug, or its timeout: refuse, never crash the server
         log.exception("authenticate failed for %s", handshake.remote)
         with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
             await request.reject(500, body=b"internal server error")
-        return
-    try:
-        ws = await request.accept()
-    except ConnectionClosed:
-        return
-    await hub.serve_connection(ws, principal)
+        return False, None
+    return True, principal
 
 
 class Hub:
@@ -278,6 +286,9 @@ class Hub:
         self.options = options
         self.nursery = nursery
         self.sessions: dict[str, _Live] = {}
+        self.acks = AckTimer()
+        """Every session's ack timer: one task for the server."""
+        nursery.start_soon(self.acks.run)
 
     async def serve_connection(self, ws: Any, principal: Any = None) -> None:
         """Serve one connection: its handshake, then the session it opens or resumes, until
@@ -399,12 +410,16 @@ class _Pending:
 class _Link:
     """One connection carrying a session: its frames, in order, and its task's scope."""
 
-    __slots__ = ("frames", "out", "scope", "ws")
+    __slots__ = ("frames", "out", "ws")
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
         self.out, self.frames = trio.open_memory_channel[str](math.inf)
-        self.scope = trio.CancelScope()
+
+
+def _set(event: trio.Event | None) -> None:
+    if event is not None:
+        event.set()
 
 
 class _Live:
@@ -418,13 +433,16 @@ class _Live:
         self.hello = hello
         self.principal = principal
         self.link: _Link | None = None
-        self.inputs, self._inputs = trio.open_memory_channel[tuple[str, int]](math.inf)
         self.session: Session | None = None
-        self._scope: trio.CancelScope | None = None
-        self._acked = trio.Event()
-        self._acks = AckTimer(self._send_ack)
-        self._attached = trio.Event()
-        self._detached = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        """The actor's: the session's turns run here, and cancelling it ends the session."""
+        self._inputs: list[tuple[str, int]] = []
+        """Inputs whose turns have not started, with the interrupt count when each came."""
+        self._starting = False
+        # Made when someone waits on them (idle sessions are many: each object counts).
+        self._acked: trio.Event | None = None
+        self._attached: trio.Event | None = None
+        self._detached: trio.Event | None = None
         self.pending: dict[str, _Pending] = {}
         self._interrupts = 0
         self.issued: set[str] = set()
@@ -454,15 +472,22 @@ class _Live:
     # -- the session's life (in the hub's nursery) --------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the session until it closes or expires: one task and one nursery, which its
+        turns share (the fewer per session, the more sessions fit: bench/load.py)."""
         try:
-            with trio.CancelScope() as self._scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                session = self._open_session(nursery)
                 try:
-                    await self._serve(task_status)
-                except Exception:  # a bug: the peer learns only that it happened
-                    log.exception("session %s failed", self.log_id)
-                    if self.proto.in_session:
-                        self.proto.error(m.INTERNAL, "internal server error")
-                        self.proto.close("server")
+                    task_status.started()
+                    await self._expiry()
+                finally:
+                    session.close("client")  # cancels the nursery: the turns end with it
+        except Exception:  # a bug: the peer learns only that it happened
+            log.exception("session %s failed", self.log_id)
+            if self.proto.in_session:
+                self.proto.error(m.INTERNAL, "internal server error")
+                self.proto.close("server")
         finally:
             del self.hub.sessions[self.proto.session_id]
             if self.proto.in_session:  # cancelled: the server shuts down
@@ -470,29 +495,25 @@ class _Live:
             self.flush()
             self._drop_link()
 
-    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
+    def _open_session(self, nursery: trio.Nursery) -> Session:
         specs = [
             ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
             for t in self.hello.tools
         ]
-        async with open_session(
+        session = Session(
             self.agent,
-            session_id=self.proto.session_id,
+            self.proto.session_id,
             app_tools=specs,
             app_host=self,
             principal=self.principal,
-        ) as session:
-            self.session = session
-            session.pace = self._pace
-            session.max_open_calls = self.options.max_open_calls
-            session.max_queued_app_calls = self.options.max_queued_app_calls
-            session.listen(self._on_event)  # frames in the engine's own order
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._turns, session)
-                nursery.start_soon(self._acks.run)
-                task_status.started()
-                await self._expiry()
-                nursery.cancel_scope.cancel()  # expired: the session's tasks end with it
+        )
+        session.run_in(nursery)
+        session.pace = self._pace
+        session.max_open_calls = self.options.max_open_calls
+        session.max_queued_app_calls = self.options.max_queued_app_calls
+        session.listen(self._on_event)  # frames in the engine's own order
+        self.session = session
+        return session
 
     async def _expiry(self) -> None:
         """Until the session closes: whenever it is detached, close it (``expired``) if no
@@ -514,8 +535,8 @@ class _Live:
         """Close the session for good with ``reason`` (``closed`` goes out last)."""
         self.proto.close(reason)
         self.flush()
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
 
     # -- connections (each in the task that accepted it) --------------------------------------
 
@@ -524,8 +545,8 @@ class _Live:
         session = self.session
         self.proto.resume(hello, session.epoch if session is not None else 0)
         self._drop_link()
-        self._attached.set()
-        self._acked.set()  # the pace check looks again
+        _set(self._attached)
+        _set(self._acked)  # the pace check looks again
 
     async def serve(self, ws: Any) -> None:
         """Carry the session on ``ws`` until it ends or a newer connection takes over."""
@@ -533,13 +554,12 @@ class _Live:
         self.link = link
         self.flush()  # welcome (and the replay, on a resume)
         if self.proto.ack_due:
-            self._acks.due()  # the hello; on a resume, everything again
+            self.hub.acks.due(self._send_ack)  # the hello; on a resume, everything again
         try:
-            with link.scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, link)
-                    await self._reader(link)
-                    nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, link, nursery.cancel_scope)
+                await self._reader(link)
+                nursery.cancel_scope.cancel()
         finally:
             # Cancelled from outside: the server is shutting down (trio-websocket may
             # already have closed the socket under the reader, so this, not the exception).
@@ -556,10 +576,10 @@ class _Live:
                     proto.drop()
                     if self.options.resume_window == 0:
                         proto.expire()
-                        if self._scope is not None:
-                            self._scope.cancel()
+                        if self._nursery is not None:
+                            self._nursery.cancel_scope.cancel()
                     else:
-                        self._detached.set()
+                        _set(self._detached)
             await _send_and_close(ws, frames)
 
     def _drop_link(self) -> None:
@@ -568,11 +588,11 @@ class _Live:
         if link is not None:
             link.out.close()
 
-    async def _writer(self, link: _Link) -> None:
+    async def _writer(self, link: _Link, scope: trio.CancelScope) -> None:
         if await send_frames(link.frames, link.ws):
             with trio.move_on_after(5.0):
                 await link.ws.aclose()  # done with it: closed session, or replaced
-        link.scope.cancel()
+        scope.cancel()
 
     async def _reader(self, link: _Link) -> None:
         proto = self.proto
@@ -592,9 +612,9 @@ class _Live:
                 self._act(session, message)
             self.flush()
             if proto.ack_due:
-                self._acks.due()
+                self.hub.acks.due(self._send_ack)
             if proto.acked_by_peer != acked:
-                self._acked.set()
+                _set(self._acked)
             if proto.state == "closed":  # the client's ``close``
                 self.end("client")
 
@@ -644,11 +664,16 @@ class _Live:
             await trio.lowlevel.checkpoint()
 
     async def _turns(self, session: Session) -> None:
-        """Start turns one at a time, in arrival order (``input`` may await a barge-in)."""
-        async for text, generation in self._inputs:
-            turn = await session.start_turn(text)
-            if generation != self._interrupts:
-                turn.interrupt()  # the user interrupted after sending it
+        """Start the waiting inputs' turns one at a time, in arrival order (``start_turn``
+        may wait for a barge-in's turn to end): a task only while inputs wait."""
+        try:
+            while self._inputs:
+                text, generation = self._inputs.pop(0)
+                turn = await session.start_turn(text)
+                if generation != self._interrupts:
+                    turn.interrupt()  # the user interrupted after sending it
+        finally:
+            self._starting = False
 
     def _send_ack(self) -> None:
         if self.proto.send_ack():
@@ -717,7 +742,11 @@ class _Live:
         proto = self.proto
         if isinstance(message, m.Input):
             session.interrupt()  # barge-in: at once, before the new turn is queued
-            self.inputs.send_nowait((message.text, self._interrupts))
+            self._inputs.append((message.text, self._interrupts))
+            if not self._starting:
+                self._starting = True
+                assert self._nursery is not None
+                self._nursery.start_soon(self._turns, session)
         elif isinstance(message, m.Interrupt):
             self._interrupts += 1
             session.interrupt(max(message.epoch, session.epoch + 1))

@@ -206,9 +206,17 @@ class Session:
         code of whoever opened it.
         """
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.run_in(nursery)
             task_status.started()
             await trio.sleep_forever()
+
+    def run_in(self, nursery: trio.Nursery) -> None:
+        """Run the session's turns in ``nursery``, which :meth:`close` cancels.
+
+        :meth:`host` gives it a nursery of its own; ``vrt.serve`` gives it its session
+        actor's, which ends with the session anyway (a task and a nursery less a session).
+        """
+        self._nursery = nursery
 
     # -- for turns ---------------------------------------------------------------------------
 
