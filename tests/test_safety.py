@@ -270,7 +270,8 @@ async def test_max_queued_app_calls() -> None:
 
 
 async def test_the_message_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over the rate: RATE_LIMITED once, frames dropped; still over it after a while: closed."""
+    """Over the rate: RATE_LIMITED once, frames read slowly; still over it after a while:
+    closed."""
     monkeypatch.setattr(_server, "RATE_CLOSE_AFTER", 0.3)
     async with (
         serving(chat_agent(), max_messages_per_second=20) as server,
@@ -289,6 +290,55 @@ async def test_the_message_rate(monkeypatch: pytest.MonkeyPatch) -> None:
                     await peer.receive()
     assert peer.frames[-1] == {"type": "closed", "seq": peer.server_seq, "reason": "server"}
     assert [f["code"] for f in peer.errors].count("RATE_LIMITED") == 1
+
+
+async def test_a_burst_over_the_rate_is_slowed_and_nothing_is_lost() -> None:
+    """Frames over the rate wait for their turn; none is dropped (every one is answered)."""
+    async with (
+        serving(chat_agent(), max_messages_per_second=20) as server,
+        connected(server) as peer,
+    ):
+        await peer.hello()
+        start = trio.current_time()
+        sent = [await peer.send("dance") for _ in range(40)]  # twice the bucket
+        answers = await peer.gather(
+            *(functools.partial(lambda s, f: f.get("ref") == s, s) for s in sent)
+        )
+        elapsed = trio.current_time() - start
+        codes = [f["code"] for f in answers]
+        assert codes.count("RATE_LIMITED") == 1, codes
+        unknown = [f["ref"] for f in answers if f["code"] == "UNKNOWN_TYPE"]
+        assert unknown == sent  # every frame, in order
+        assert elapsed > 0.7  # the 20 over the bucket took about a second
+        await peer.works()
+
+
+async def test_a_client_over_the_rate_loses_no_result(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Turns back to back with app calls (about four frames a turn) at a rate limit of 20:
+    the client is slowed, every app call still gets the client's result (a dropped
+    ``tool.result`` used to leave its call waiting for the 30 s timeout)."""
+
+    @vrt.app_tool(description="Highlight", parameters=OBJ)
+    async def highlight(args: Any, ctx: vrt.ToolContext) -> Any:
+        return "done"
+
+    steps = [[vrt.call("highlight", {})], []] * 30
+    agent = vrt.define_agent(model=vrt.ScriptedModel(steps), client_tools="accept")
+    async with open_pair(agent, [highlight], max_messages_per_second=20) as client:
+        start = trio.current_time()
+        for _ in range(30):
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("go")
+                ended = await until(events, lambda e: isinstance(e, vrt.TurnEnded))
+            assert ended.reason == "finished"
+            (settled,) = [
+                e for e in events.events if isinstance(e, vrt.ToolStream) and e.phase == "settled"
+            ]
+            assert settled.ok, settled
+        assert 1.0 < trio.current_time() - start < 5.0  # slowed, not closed
 
 
 async def test_a_slow_rate_is_never_limited() -> None:

@@ -163,8 +163,9 @@ async def serve(
       once (FAILED) and the model gets that result.
     - ``max_queued_app_calls`` (32): app calls waiting for the app; one over it FAILED.
     - ``max_messages_per_second`` (100, a one-second burst): inbound frames per
-      connection; a frame over it is dropped with ``error`` ``RATE_LIMITED``; after
-      :data:`RATE_CLOSE_AFTER` seconds of that, the session is closed (``server``).
+      connection; frames over it are read more slowly (never dropped) and the client
+      gets ``error`` ``RATE_LIMITED`` once; after :data:`RATE_CLOSE_AFTER` seconds of
+      that, the session is closed (``server``).
     - ``replay_limit`` (10,000 messages): the replay buffer; the model is held while the
       client is 40 % of it behind, and a client that stops reading for 30 s is closed
       (``overflow``).
@@ -451,7 +452,7 @@ class _Live:
         self._tokens = rate
         self._refill_at = trio.current_time()
         self._limited_since: float | None = None
-        self._refused_at = 0.0
+        self._limited_at = 0.0
 
     @property
     def log_id(self) -> str:
@@ -605,8 +606,9 @@ class _Live:
                 return
             if self.link is not link or proto.state != "open":
                 continue  # replaced or closed: drain until the close handshake ends
-            if not self._admit():
-                continue
+            await self._admit()
+            if self.link is not link or proto.state != "open":
+                continue  # while it waited
             acked = proto.acked_by_peer
             for message in proto.receive(frame):
                 self._act(session, message)
@@ -618,30 +620,36 @@ class _Live:
             if proto.state == "closed":  # the client's ``close``
                 self.end("client")
 
-    def _admit(self) -> bool:
-        """The inbound rate limit: a token bucket of ``max_messages_per_second`` a second."""
+    async def _admit(self) -> None:
+        """The inbound rate limit: a token bucket of ``max_messages_per_second`` a second
+        (a second's worth of burst).
+
+        A frame over it waits for its token, and the reader with it: the peer's frames back
+        up (trio-websocket's queue, then TCP flow control), none is dropped. The first wait
+        of an episode sends ``RATE_LIMITED``; waits that go on for RATE_CLOSE_AFTER seconds
+        close the session (``server``). An episode ends after a second without a wait.
+        """
         rate = self.options.max_messages_per_second
         now = trio.current_time()
         self._tokens = min(rate, self._tokens + (now - self._refill_at) * rate)
         self._refill_at = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        # An episode of refusals ends after a second without one; RATE_LIMITED once each.
-        if self._limited_since is None or now - self._refused_at > 1.0:
-            self._limited_since = now
-            self._refused_at = now
-            self.proto.error(
-                m.RATE_LIMITED,
-                f"over {rate:g} messages a second: messages are dropped until the rate falls",
-            )
-            self.flush()
-            return False
-        self._refused_at = now
-        if now - self._limited_since > RATE_CLOSE_AFTER:
-            log.info("session %s closed: over its message rate for too long", self.log_id)
-            self.end("server")
-        return False
+        if self._tokens < 1:
+            if self._limited_since is None or now - self._limited_at > 1.0:
+                self._limited_since = now
+                self.proto.error(
+                    m.RATE_LIMITED,
+                    f"over {rate:g} messages a second: they are read more slowly "
+                    "until the rate falls",
+                )
+                self.flush()
+            elif now - self._limited_since > RATE_CLOSE_AFTER:
+                log.info("session %s closed: over its message rate for too long", self.log_id)
+                self.end("server")
+                return
+            await trio.sleep((1 - self._tokens) / rate)
+            self._tokens, self._refill_at = 1.0, trio.current_time()
+            self._limited_at = self._refill_at
+        self._tokens -= 1
 
     async def _pace(self) -> None:
         """Hold the model while the client is far behind on acks (or detached).
