@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 import vrt
 from vrt._wire import codec
 from vrt._wire import messages as m
-from vrt._wire.client import AbortApp, ClientProtocol, Welcomed
+from vrt._wire.client import ANSWERS_KEPT, AbortApp, ClientProtocol, Welcomed
 from vrt._wire.fastcheck import compile_schema
 from vrt._wire.server import ServerProtocol
 
@@ -252,6 +252,36 @@ def test_core_pair_epoch_gate_and_serial_queue() -> None:
     assert client.next_app_call() is None
     (stale,) = pump(client, server)
     assert (stale.call_id, stale.result.code) == ("c4", "INTERRUPTED")
+
+
+def test_core_a_tool_call_sent_again_gets_its_stored_result() -> None:
+    """callId is the idempotency key: a ``tool.call`` for a call that ran already (under a
+    new seq) is answered with the stored result, never run again; the client keeps the
+    last ANSWERS_KEPT results."""
+    client, server = pair()
+    client.hello()
+    pump(client, server)
+    pump(server, client)
+
+    def call(call_id: str) -> None:
+        server.send(
+            m.ToolCallMessage, call_id=call_id, turn_id="t", epoch=0, name="hi", arguments={}
+        )
+        pump(server, client)
+
+    for i in range(ANSWERS_KEPT + 1):
+        call(f"c{i}")
+        ticket = client.next_app_call()
+        assert ticket is not None and ticket.call_id == f"c{i}"
+        assert client.answer(f"c{i}", vrt.ToolResult.success(i))
+        pump(client, server)
+    call("c1")  # again: the stored result, nothing runs
+    assert client.next_app_call() is None
+    (again,) = pump(client, server)
+    assert (again.call_id, again.result) == ("c1", m.WireResult(ok=True, output=1))
+    call("c0")  # the oldest is forgotten past the bound: it would run again
+    ticket = client.next_app_call()
+    assert ticket is not None and ticket.call_id == "c0"
 
 
 def test_core_local_cancel_drops_the_servers_late_terminal() -> None:

@@ -66,8 +66,13 @@ class Welcomed:
     resumed: bool = False
 
 
-ANSWERS_KEPT = 1000
-"""App-call results kept to answer a repeated ``tool.call`` without running it again."""
+ANSWERS_KEPT = 100
+"""App-call results kept to answer a repeated ``tool.call`` without running it again.
+
+A replayed frame is dropped by its seq before this is looked at; the store answers a
+``tool.call`` sent again under a new seq, which comes soon after the first or not at all.
+Each result is kept whole, so the bound is what a long session's client holds (1,000 took
+~1 kB a turn for 500 turns in bench/load.py's soak)."""
 
 
 class _AppCall:
