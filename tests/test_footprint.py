@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 import vrt
+from tests.test_safety import connected
+from tests.test_wire_errors import serving
 from vrt._memory import ACK_INTERVAL, AckTimer
 
 
@@ -101,3 +104,27 @@ async def test_an_idle_server_session_holds_two_tasks_of_its_own() -> None:
             during = _server_tasks() - before
         nursery.cancel_scope.cancel()
     assert during == {"vrt._server._Live.run": 2, "vrt._server._Live._writer": 2}
+
+
+@vrt.server_tool(risk="low", description="Slow to stop", parameters={"type": "object"})
+async def slow_to_stop(args: Any, ctx: vrt.ToolContext) -> Any:
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.5)  # a graceful cleanup: the session takes a while to end
+
+
+async def test_the_shared_ack_timer_never_acks_after_closed() -> None:
+    """The client's ``close`` makes an ack due; the session ends slowly (a tool's shielded
+    cleanup). A per-session timer died with the session; the shared one must check that it
+    is still open (``closed`` is the last frame; the Peer asserts nothing follows it)."""
+    steps: list[list[Any]] = [[vrt.call("slow_to_stop", {})], []]
+    agent = vrt.define_agent(model=vrt.ScriptedModel(steps), tools=[slow_to_stop])
+    async with serving(agent) as server, connected(server) as peer:
+        await peer.hello()
+        await peer.send("input", text="go")
+        await peer.until(lambda f: f["type"] == "tool.stream")
+        await peer.send("close")
+        await peer.expect_disconnect()
+    assert peer.frames[-1]["type"] == "closed"

@@ -338,7 +338,9 @@ async def test_a_client_over_the_rate_loses_no_result(
                 e for e in events.events if isinstance(e, vrt.ToolStream) and e.phase == "settled"
             ]
             assert settled.ok, settled
-        assert 1.0 < trio.current_time() - start < 5.0  # slowed, not closed
+        # slowed, not closed; 5 s of this would close it too (RATE_CLOSE_AFTER: a client
+        # held at the rate cannot be told from a flood; README, known limits)
+        assert 1.0 < trio.current_time() - start < 5.0
 
 
 async def test_a_slow_rate_is_never_limited() -> None:

@@ -646,7 +646,10 @@ class _Live:
                 log.info("session %s closed: over its message rate for too long", self.log_id)
                 self.end("server")
                 return
+            link = self.link
             await trio.sleep((1 - self._tokens) / rate)
+            if self.link is not link:
+                return  # a newer connection took over: its reader owns the bucket now
             self._tokens, self._refill_at = 1.0, trio.current_time()
             self._limited_at = self._refill_at
         self._tokens -= 1
@@ -684,7 +687,9 @@ class _Live:
             self._starting = False
 
     def _send_ack(self) -> None:
-        if self.proto.send_ack():
+        """The shared timer's call: the session may have closed meanwhile (``closed`` is the
+        last frame it sends)."""
+        if self.proto.in_session and self.proto.send_ack():
             self.flush()
 
     def _on_event(self, event: Any) -> None:
