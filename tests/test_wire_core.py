@@ -209,6 +209,20 @@ def test_core_pair_handshake_seq_and_acks() -> None:
     assert len(client.replay) == 0
 
 
+def test_core_server_sends_no_ack_after_closed() -> None:
+    """``closed`` is the last frame, whoever asks for an ack later (the shared ack timer)."""
+    client, server = pair()
+    client.hello()
+    pump(client, server)
+    client.send_input("hi")
+    pump(client, server)
+    assert server.ack_due
+    server.close("client")
+    server.take_outbox()
+    assert not server.send_ack()
+    assert server.take_outbox() == []
+
+
 def test_core_pair_replays_are_dropped() -> None:
     client, server = pair()
     client.hello()

@@ -606,9 +606,8 @@ class _Live:
                 return
             if self.link is not link or proto.state != "open":
                 continue  # replaced or closed: drain until the close handshake ends
-            await self._admit()
-            if self.link is not link or proto.state != "open":
-                continue  # while it waited
+            if not await self._admit(link):
+                continue  # closed for its rate, or replaced or closed while it waited
             acked = proto.acked_by_peer
             for message in proto.receive(frame):
                 self._act(session, message)
@@ -620,7 +619,7 @@ class _Live:
             if proto.state == "closed":  # the client's ``close``
                 self.end("client")
 
-    async def _admit(self) -> None:
+    async def _admit(self, link: _Link) -> bool:
         """The inbound rate limit: a token bucket of ``max_messages_per_second`` a second
         (a second's worth of burst).
 
@@ -628,6 +627,8 @@ class _Live:
         up (trio-websocket's queue, then TCP flow control), none is dropped. The first wait
         of an episode sends ``RATE_LIMITED``; waits that go on for RATE_CLOSE_AFTER seconds
         close the session (``server``). An episode ends after a second without a wait.
+        False if the frame is not to be processed: the session closed, or ``link`` no longer
+        carries it (a newer connection's reader owns the bucket then).
         """
         rate = self.options.max_messages_per_second
         now = trio.current_time()
@@ -645,14 +646,14 @@ class _Live:
             elif now - self._limited_since > RATE_CLOSE_AFTER:
                 log.info("session %s closed: over its message rate for too long", self.log_id)
                 self.end("server")
-                return
-            link = self.link
+                return False
             await trio.sleep((1 - self._tokens) / rate)
-            if self.link is not link:
-                return  # a newer connection took over: its reader owns the bucket now
+            if self.link is not link or self.proto.state != "open":
+                return False
             self._tokens, self._refill_at = 1.0, trio.current_time()
             self._limited_at = self._refill_at
         self._tokens -= 1
+        return True
 
     async def _pace(self) -> None:
         """Hold the model while the client is far behind on acks (or detached).
@@ -687,9 +688,7 @@ class _Live:
             self._starting = False
 
     def _send_ack(self) -> None:
-        """The shared timer's call: the session may have closed meanwhile (``closed`` is the
-        last frame it sends)."""
-        if self.proto.in_session and self.proto.send_ack():
+        if self.proto.send_ack():  # nothing once closed: the timer may call late
             self.flush()
 
     def _on_event(self, event: Any) -> None:

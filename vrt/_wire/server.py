@@ -109,6 +109,11 @@ class ServerProtocol(Endpoint):
             self.close("client")
         return [message]
 
+    def send_ack(self) -> bool:
+        """Queue an ack if one is due, inside a session only: ``closed`` is the last frame
+        (the server's shared ack timer may call this just after the session closed)."""
+        return self.in_session and super().send_ack()
+
     def close(self, reason: str) -> None:
         """Send ``closed`` (final) and stop processing frames."""
         if self.machine.final:
