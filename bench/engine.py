@@ -42,11 +42,11 @@ from collections import Counter
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from importlib import metadata
 from types import BuiltinFunctionType, FunctionType, ModuleType
 from typing import Any
 
 import trio
+from bench_common import version
 
 import vrt
 import vrt._tables as tables
@@ -492,13 +492,6 @@ def report(args: argparse.Namespace, result: Throughput, memory: Memory) -> None
 # -- main -------------------------------------------------------------------------------------
 
 
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Engine throughput (compiled tables vs strict mode) and memory per call."
@@ -528,8 +521,8 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {args.cpu})
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(
-        f"vrt engine benchmark: Python {platform.python_version()}, trio {_version('trio')}, "
-        f"python-statemachine {_version('python-statemachine')}, {platform.machine()}, "
+        f"vrt engine benchmark: Python {platform.python_version()}, trio {version('trio')}, "
+        f"python-statemachine {version('python-statemachine')}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs ({allowed} allowed), one thread"
     )
     print(

@@ -55,9 +55,9 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Protocol, TypeVar
 
+from bench_common import version
 from jsonschema import Draft202012Validator
 
 import vrt
@@ -1353,13 +1353,6 @@ def report(args: argparse.Namespace, tallies: list[Tally]) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Fuzz the sans-IO vrt/1 cores with generated and mutated frames."
@@ -1387,8 +1380,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     print(
-        f"vrt fuzz: Python {platform.python_version()}, jsonschema {_version('jsonschema')}, "
-        f"cattrs {_version('cattrs')}, {platform.machine()}; seed {args.seed}, "
+        f"vrt fuzz: Python {platform.python_version()}, jsonschema {version('jsonschema')}, "
+        f"cattrs {version('cattrs')}, {platform.machine()}; seed {args.seed}, "
         f"{args.cases:,} cases per core, max_message_size {args.max_message_size:,}"
         f"{', oracle' if args.oracle else ''}"
     )

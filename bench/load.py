@@ -74,10 +74,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any
 
 import trio
+from bench_common import version
 
 import vrt
 
@@ -988,13 +988,6 @@ async def clients_child(args: argparse.Namespace) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Many concurrent vrt/1 sessions over loopback: round trip, memory, errors."
@@ -1041,8 +1034,8 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(clients_child, args)
         return
     print(
-        f"vrt load benchmark: Python {platform.python_version()}, trio {_version('trio')}, "
-        f"trio-websocket {_version('trio-websocket')}, wsproto {_version('wsproto')}, "
+        f"vrt load benchmark: Python {platform.python_version()}, trio {version('trio')}, "
+        f"trio-websocket {version('trio-websocket')}, wsproto {version('wsproto')}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, loopback, "
         + ("server and clients in two processes" if args.clients_process else "one process")
         + f"\nvrt from {os.path.dirname(vrt.__file__)}"

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import json
 import os
@@ -57,10 +58,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any
 
 import trio
+from bench_common import version
 from trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
@@ -201,22 +202,20 @@ class Captured:
 
 
 @asynccontextmanager
-async def capture() -> AsyncIterator[tuple[Captured, set[int]]]:
-    """Record every ``WebSocketConnection.send_message`` (a class patch, only in here).
-
-    Add ``id(ws)`` of the client's connections to the yielded set: their frames are ``up``.
-    """
-    captured, clients = Captured(), set[int]()
+async def capture() -> AsyncIterator[Captured]:
+    """Record every ``WebSocketConnection.send_message`` (a class patch, only in here): a
+    client connection's frames are ``up``, a server connection's ``down``."""
+    captured = Captured()
     original = WebSocketConnection.send_message
 
     async def spy(self: WebSocketConnection, message: str | bytes) -> None:
         assert isinstance(message, str)
-        (captured.up if id(self) in clients else captured.down).append(message)
+        (captured.up if self.is_client else captured.down).append(message)
         await original(self, message)
 
     WebSocketConnection.send_message = spy  # type: ignore[method-assign]
     try:
-        yield captured, clients
+        yield captured
     finally:
         WebSocketConnection.send_message = original  # type: ignore[method-assign]
 
@@ -238,9 +237,8 @@ async def capture_frames(rtt_url: str, stream_url: str, turns: int) -> Frames:
     The app-call session stops after its third call, whose frames are kept (picked by type
     and phase, put in protocol order); the stream session runs its turns.
     """
-    async with capture() as (captured, clients):
+    async with capture() as captured:
         async with vrt.connect(rtt_url, tools=[make_ping({})]) as client:
-            clients.add(id(client._ws))
             async with client.subscribe() as events:
                 await client.send_text("go")
                 async for event in events:
@@ -262,9 +260,8 @@ async def capture_frames(rtt_url: str, stream_url: str, turns: int) -> Frames:
         after = [mine["tool.stream", "settled"], mine["tool.preview", True]]
     except KeyError as exc:
         raise RuntimeError(f"frames of an app call missing: {exc}") from None
-    async with capture() as (captured, clients):
+    async with capture() as captured:
         async with vrt.connect(stream_url) as client:
-            clients.add(id(client._ws))
             async with client.subscribe() as events:
                 _received, calls = await drive_stream(client, events, turns)
     one = [f for f in captured.down if '"callId":"call_1"' in f]
@@ -486,11 +483,14 @@ class Urls:
 @asynccontextmanager
 async def servers(args: argparse.Namespace) -> AsyncIterator[tuple[Urls, Frames]]:
     """Every server on port 0: vrt's two, and the raw ones that send vrt's frames."""
+    # One client sends calls back to back, well over the default 100 frames a second that
+    # protects a server from a flooding peer: the limit off, the protocol's cost is measured.
+    serve = functools.partial(vrt.serve, max_messages_per_second=1e9)
     async with trio.open_nursery() as nursery:
         urls = Urls()
-        rtt = await nursery.start(vrt.serve, rtt_agent(args.rtt + args.warmup), HOST, 0)
+        rtt = await nursery.start(serve, rtt_agent(args.rtt + args.warmup), HOST, 0)
         agent = stream_agent(args.turns, args.steps, args.per_step)
-        stream = await nursery.start(vrt.serve, agent, HOST, 0)
+        stream = await nursery.start(serve, agent, HOST, 0)
         urls.rtt, urls.vrt_stream = rtt.url, stream.url
         frames = await capture_frames(urls.rtt, urls.vrt_stream, args.turns)
         urls.echo = await _start_raw(nursery, _echo)
@@ -724,13 +724,6 @@ def report(args: argparse.Namespace, r: Results) -> tuple[float, float]:
 # -- main -------------------------------------------------------------------------------------
 
 
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "?"
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="vrt/1 over WebSockets against raw trio-websocket: round trip and stream."
@@ -761,8 +754,8 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, {args.cpu})
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(
-        f"vrt wire benchmark: Python {platform.python_version()}, trio {_version('trio')}, "
-        f"trio-websocket {_version('trio-websocket')}, wsproto {_version('wsproto')}, "
+        f"vrt wire benchmark: Python {platform.python_version()}, trio {version('trio')}, "
+        f"trio-websocket {version('trio-websocket')}, wsproto {version('wsproto')}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs ({allowed} allowed), one thread, "
         f"loopback, server and client in one trio.run"
     )

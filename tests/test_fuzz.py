@@ -53,7 +53,10 @@ HANG = 10.0
 
 
 def _load_bench() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "bench" / "fuzz.py"
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    if str(bench) not in sys.path:
+        sys.path.append(str(bench))  # what running it as a script gives it: bench_common
+    path = bench / "fuzz.py"
     spec = importlib.util.spec_from_file_location("vrt_bench_fuzz", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
