@@ -14,7 +14,7 @@ cProfile of the compiled path, ``--help`` for the knobs). What it measures:
   line shows one long session). A run is as many sessions as it takes to reach its call
   count, in one ``trio.run``, timed with ``time.perf_counter`` (opening and closing the
   sessions included). The same workload runs with compiled tables and in strict mode
-  (``vrt._tables.STRICT`` toggled between runs, so every Session, Turn and ToolCall machine
+  (``vrt._core.tables.STRICT`` toggled between runs, so every Session, Turn and ToolCall machine
   is a real python-statemachine instance), each with no subscriber and with one subscriber
   task draining ``session.subscribe()`` with ``async for`` to its end, which is what a
   real app sees (14 events per call). Runs alternate between the modes and repeat; the
@@ -49,7 +49,7 @@ import trio
 from bench_common import version
 
 import vrt
-import vrt._tables as tables
+import vrt._core.tables as tables
 
 ARGUMENTS = {"city": "Paris"}
 PARAMETERS = {

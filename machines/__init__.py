@@ -1,7 +1,7 @@
 """The state machines of trio-vrt: pure, synchronous python-statemachine classes.
 
 Each module owns the rules of one thing; nothing outside it decides that thing's state.
-The engine never runs these classes directly on its hot path: :mod:`vrt._tables` compiles
+The engine never runs these classes directly on its hot path: :mod:`vrt._core.tables` compiles
 each one, once, into a ``(state, event) -> target`` table. Diagrams, the model checker and
 the strict mode (``VRT_STRICT_MACHINES=1``) read the classes themselves.
 """

@@ -4,7 +4,7 @@ python-statemachine's defaults suit forgiving UIs, not a protocol engine: an eve
 transition is silently ignored, and an exception in a callback becomes an ``error.execution``
 event. Here both must surface, so an illegal event raises ``TransitionNotAllowed`` and an
 exception propagates to the caller. Machines carry no callbacks, guards or I/O: they are the
-transition relation and nothing else, which is what lets :mod:`vrt._tables` compile them.
+transition relation and nothing else, which is what lets :mod:`vrt._core.tables` compile them.
 """
 
 from typing import Any

@@ -13,7 +13,7 @@ from vrt._check_model import Model
 from vrt._check_search import search
 from vrt._check_state import Broken
 from vrt._cli import main as vrt_main
-from vrt._tables import TABLES, TOOL_CALL, Table
+from vrt._core.tables import TABLES, TOOL_CALL, Table
 
 # -- each machine ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import pytest
 
 from vrt import _diagrams
 from vrt._cli import main
-from vrt._tables import TABLES
+from vrt._core.tables import TABLES
 
 COMMITTED = Path(__file__).parent.parent / "diagrams"
 

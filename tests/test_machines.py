@@ -8,8 +8,8 @@ import pytest
 
 import machines
 import vrt
-from vrt import _tables
-from vrt._tables import Machine, StrictMachine, Table
+from vrt._core import tables as _tables
+from vrt._core.tables import Machine, StrictMachine, Table
 
 PAIRS = [
     (table, state, event)

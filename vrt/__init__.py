@@ -10,16 +10,7 @@ from vrt._agent import Agent, Allow, CallInfo, Reject, Rewrite, define_agent
 from vrt._client import Client, connect
 from vrt._confirm import require_confirmation
 from vrt._context import Signal, ToolContext
-from vrt._errors import (
-    CallAborted,
-    DefinitionError,
-    InvalidArguments,
-    InvalidTransition,
-    RemoteProtocolError,
-    SessionClosed,
-    VrtError,
-)
-from vrt._events import (
+from vrt._core.events import (
     Closed,
     ConfirmRequest,
     Event,
@@ -32,7 +23,16 @@ from vrt._events import (
     TurnEnded,
     TurnStarted,
 )
-from vrt._results import CallRecord, ResultCode, ToolResult, TurnResult
+from vrt._core.results import CallRecord, ResultCode, ToolResult, TurnResult
+from vrt._errors import (
+    CallAborted,
+    DefinitionError,
+    InvalidArguments,
+    InvalidTransition,
+    RemoteProtocolError,
+    SessionClosed,
+    VrtError,
+)
 from vrt._scripted import ScriptedModel, call, pause, say
 from vrt._server import HandshakeRequest, Refuse, Server, serve
 from vrt._session import Session, open_session

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 import attrs
 
+from vrt._core.results import Kind
 from vrt._errors import DefinitionError
-from vrt._results import Kind
 from vrt._tools import (
     AppTool,
     Risk,

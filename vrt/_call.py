@@ -17,14 +17,14 @@ import trio
 
 from vrt._agent import Allow, CallInfo, Reject, Rewrite
 from vrt._context import Signal, ToolContext
+from vrt._core.events import Phase, ToolPreview, ToolStream
+from vrt._core.results import CallRecord, ResultCode, ToolResult
+from vrt._core.tables import TOOL_CALL
 from vrt._errors import InvalidArguments, InvalidTransition
-from vrt._events import Phase, ToolPreview, ToolStream
-from vrt._results import CallRecord, ResultCode, ToolResult
-from vrt._tables import TOOL_CALL
 
 if TYPE_CHECKING:
     from vrt._agent import RegisteredApp, RegisteredTool
-    from vrt._results import Kind
+    from vrt._core.results import Kind
     from vrt._turn import Turn
 
 log = logging.getLogger("vrt")

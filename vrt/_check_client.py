@@ -33,8 +33,8 @@ from vrt._check_state import (
     put,
     show,
 )
-from vrt._events import Phase
-from vrt._tables import APP_CALL, CALL_VIEW, CONNECTION
+from vrt._core.events import Phase
+from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION
 
 
 class ClientRules(Rules):

@@ -1,6 +1,6 @@
 """``vrt check``, part one: each machine on its own, against its own class.
 
-For every compiled :class:`~vrt._tables.Table`:
+For every compiled :class:`~vrt._core.tables.Table`:
 
 - the compiled table equals the class: its states, events, initial and final states are the
   class's, and for every (state, event) pair a real python-statemachine instance, brought to
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from vrt._tables import TABLES, Table
+from vrt._core.tables import TABLES, Table
 
 Pair = tuple[str, str]
 

@@ -50,7 +50,7 @@ from vrt._check_state import (
     must,
     name,
 )
-from vrt._tables import CONNECTION, SESSION, TURN
+from vrt._core.tables import CONNECTION, SESSION, TURN
 
 
 class Model(ServerRules, ClientRules):

@@ -42,8 +42,8 @@ from vrt._check_state import (
     put,
     turn_ends,
 )
-from vrt._events import Phase
-from vrt._tables import CONNECTION, SESSION, TOOL_CALL, TURN
+from vrt._core.events import Phase
+from vrt._core.tables import CONNECTION, SESSION, TOOL_CALL, TURN
 
 
 class ServerRules(Rules):

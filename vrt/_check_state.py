@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any, Final
 
-from vrt._events import Phase
-from vrt._tables import TOOL_CALL, TURN, Table
+from vrt._core.events import Phase
+from vrt._core.tables import TOOL_CALL, TURN, Table
 
 State = tuple[Any, ...]
 """One state of the composed model: a flat tuple of the ``F_*`` fields."""

@@ -28,11 +28,11 @@ from trio_websocket import (
 )
 
 from vrt._context import Signal, ToolContext
+from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
+from vrt._core.results import ResultCode, ToolResult
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
-from vrt._events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
 from vrt._groups import single_unwrapped
 from vrt._memory import AckTimer, send_frames
-from vrt._results import ResultCode, ToolResult
 from vrt._subscription import Subscription
 from vrt._tools import AppTool
 from vrt._wire import messages as m

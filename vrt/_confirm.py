@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 from vrt._agent import BeforeToolCall, CallInfo, Decision, Reject
+from vrt._core.events import ConfirmRequest
 from vrt._current import current_session
 from vrt._errors import DefinitionError
-from vrt._events import ConfirmRequest
 from vrt._tools import RISKS, Risk
 
 

@@ -28,7 +28,7 @@ from trio_websocket import (
 
 from vrt._agent import Agent
 from vrt._call import Call
-from vrt._events import (
+from vrt._core.events import (
     TERMINAL_PHASES,
     ConfirmRequest,
     TextDelta,
@@ -37,8 +37,8 @@ from vrt._events import (
     TurnEnded,
     TurnStarted,
 )
+from vrt._core.results import ResultCode, ToolResult
 from vrt._memory import AckTimer, send_frames
-from vrt._results import ResultCode, ToolResult
 from vrt._session import Session
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT

@@ -13,12 +13,12 @@ import trio
 
 from vrt._agent import Agent, RegisteredApp
 from vrt._call import AppHost, Call
+from vrt._core.events import Closed, ConfirmRequest, Event, TurnStarted
+from vrt._core.tables import SESSION
 from vrt._errors import SessionClosed
-from vrt._events import Closed, ConfirmRequest, Event, TurnStarted
 from vrt._groups import single_unwrapped
 from vrt._history import Snapshot
 from vrt._subscription import Subscription
-from vrt._tables import SESSION
 from vrt._tools import schema_validator
 from vrt._turn import Turn
 from vrt.models import HistoryItem, ModelRequest, ToolSpec, UserInput

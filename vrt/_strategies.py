@@ -40,8 +40,8 @@ import trio
 from vrt._agent import Agent, BeforeToolCall, CallInfo, Decision, Reject, Rewrite, define_agent
 from vrt._confirm import require_confirmation
 from vrt._context import ToolContext
+from vrt._core.results import ResultCode, ToolResult
 from vrt._errors import InvalidArguments
-from vrt._results import ResultCode, ToolResult
 from vrt._scripted import ScriptedCall, ScriptedModel, ScriptItem, call, pause, say
 from vrt._tools import AppTool, ServerTool, schema_validator
 from vrt.models import Model, ModelEvent, ModelRequest, UserInput

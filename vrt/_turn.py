@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vrt._call import Call, _describe
+from vrt._core.events import TextDelta, TurnEnded
+from vrt._core.results import CallRecord, TurnResult, TurnStatus
+from vrt._core.tables import TURN
 from vrt._current import current_session
 from vrt._errors import InvalidTransition, SessionClosed, VrtError
-from vrt._events import TextDelta, TurnEnded
-from vrt._results import CallRecord, TurnResult, TurnStatus
-from vrt._tables import TURN
 from vrt.models import AgentText, CallDelta, CallEnd, CallStart, HistoryItem, Text, TurnInterrupted
 
 if TYPE_CHECKING:

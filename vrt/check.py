@@ -104,7 +104,7 @@ from vrt._check_machines import check_machines, count_pairs
 from vrt._check_model import Model
 from vrt._check_search import search, shorten
 from vrt._check_state import BREAKABLE, INVARIANTS
-from vrt._tables import TABLES
+from vrt._core.tables import TABLES
 
 __all__ = [
     "BREAKABLE",

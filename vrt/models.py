@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from vrt._results import CallRecord
+from vrt._core.results import CallRecord
 
 __all__ = [
     "AgentText",

@@ -29,8 +29,9 @@ from trio_websocket import CloseReason, ConnectionClosed
 
 from vrt._agent import Agent
 from vrt._client import Client, open_client
+from vrt._core.events import Closed, Phase, ToolStream, TurnEnded
+from vrt._core.tables import CALL_VIEW, Machine, StrictMachine
 from vrt._errors import InvalidTransition
-from vrt._events import Closed, Phase, ToolStream, TurnEnded
 from vrt._groups import single_unwrapped
 from vrt._memory import MemoryConnection, memory_connection_pair
 from vrt._proxy import LoopbackProxy
@@ -48,7 +49,6 @@ from vrt._strategies import (
     tool_calls,
     truncated,
 )
-from vrt._tables import CALL_VIEW, Machine, StrictMachine
 from vrt._tools import AppTool
 from vrt._wire import messages as m
 

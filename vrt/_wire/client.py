@@ -17,11 +17,11 @@ from typing import Any
 
 import attrs
 
+from vrt._core.events import Closed, Phase, ToolPreview, ToolStream, TurnEnded, TurnStarted
+from vrt._core.events import TextDelta as TextDeltaEvent
+from vrt._core.results import ResultCode, ToolResult
+from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION, Machine, StrictMachine
 from vrt._errors import InvalidTransition
-from vrt._events import Closed, Phase, ToolPreview, ToolStream, TurnEnded, TurnStarted
-from vrt._events import TextDelta as TextDeltaEvent
-from vrt._results import ResultCode, ToolResult
-from vrt._tables import APP_CALL, CALL_VIEW, CONNECTION, Machine, StrictMachine
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.endpoint import Endpoint

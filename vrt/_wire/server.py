@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
+from vrt._core.schema import check_parameters
+from vrt._core.tables import SESSION
 from vrt._errors import DefinitionError
-from vrt._tables import SESSION
-from vrt._tools import check_parameters
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, Endpoint

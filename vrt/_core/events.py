@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from vrt._results import Kind, ResultCode
+from vrt._core.results import Kind, ResultCode
 
 
 class Phase(enum.StrEnum):
