@@ -88,7 +88,7 @@ def set_mode(strict: bool) -> None:
     tables.STRICT = strict  # type: ignore[misc]  # Final for the engine; toggled here
 
 
-# -- one session ------------------------------------------------------------------------------
+# -- one session ---------------------------------------------------------------------------------
 
 
 async def _drain(events: vrt.Subscription[vrt.Event], counts: list[int]) -> None:
@@ -125,7 +125,7 @@ async def run_session(
     return counts[0]
 
 
-# -- throughput -------------------------------------------------------------------------------
+# -- throughput ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -230,7 +230,7 @@ def measure_throughput(args: argparse.Namespace) -> Throughput:
     return Throughput(cells=cells, long=long)
 
 
-# -- memory -----------------------------------------------------------------------------------
+# -- memory --------------------------------------------------------------------------------------
 
 
 def _shared(obj: object) -> bool:
@@ -333,7 +333,7 @@ def measure_memory(calls: int, per_step: int) -> Memory:
     )
 
 
-# -- profile ----------------------------------------------------------------------------------
+# -- profile -------------------------------------------------------------------------------------
 
 
 def _package(filename: str) -> str:
@@ -400,7 +400,7 @@ def profile(args: argparse.Namespace, agent: vrt.Agent, subscriber: bool) -> Non
         print(f"  {seconds / run.calls * 1e6:7.2f} {US} {seconds / total:6.1%}  {package}")
 
 
-# -- report -----------------------------------------------------------------------------------
+# -- report --------------------------------------------------------------------------------------
 
 
 def _verdict(ok: bool, value: float, target: float) -> str:
@@ -489,7 +489,7 @@ def report(args: argparse.Namespace, result: Throughput, memory: Memory) -> None
     )
 
 
-# -- main -------------------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------------------------
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

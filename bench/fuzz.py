@@ -117,7 +117,7 @@ CLIENT_EVENTS = (
 TRACEBACK_MARKS = ("Traceback", 'File "')
 
 
-# -- choices ----------------------------------------------------------------------------------
+# -- choices -------------------------------------------------------------------------------------
 
 
 class Chooser(Protocol):
@@ -154,7 +154,7 @@ class RandomChooser:
         return self.rng.randrange(100) < percent
 
 
-# -- values -----------------------------------------------------------------------------------
+# -- values --------------------------------------------------------------------------------------
 
 TEXTS = (
     "",
@@ -253,7 +253,7 @@ PHASES = ("start", "arguments-delta", "arguments-complete", "progress", "settled
 SEQ_PLANS = ("next", "next", "next", "next", "next", "replay", "zero", "old", "gap", "huge")
 
 
-# -- the generator ----------------------------------------------------------------------------
+# -- the generator -------------------------------------------------------------------------------
 
 
 class Frames:
@@ -274,7 +274,7 @@ class Frames:
         self.ascii = False
         """Whether the frame being rendered escapes every non-ASCII character."""
 
-    # -- values -------------------------------------------------------------------------------
+    # -- values -----------------------------------------------------------------------------------
 
     def text(self) -> str:
         c = self.c
@@ -306,7 +306,7 @@ class Frames:
             return {self.text(): self.value(depth + 1) for _ in range(c.integer(0, 3))}
         return c.pick(([], {}, [[]], {"": {}}))
 
-    # -- valid messages -----------------------------------------------------------------------
+    # -- valid messages ---------------------------------------------------------------------------
 
     def hello(self, seq: int) -> Data:
         """A valid ``hello``; rarely one the server must refuse (resume, wrong protocol)."""
@@ -439,7 +439,7 @@ class Frames:
             data["message"] = self.text()
         return data
 
-    # -- rendering ----------------------------------------------------------------------------
+    # -- rendering --------------------------------------------------------------------------------
 
     def render(self, data: Data, raw: dict[str, str] | None = None) -> str:
         """``data`` as JSON text, with the raw tokens substituted (non-ASCII characters
@@ -460,7 +460,7 @@ class Frames:
             return self.valid(data)
         return self.mutant(data)
 
-    # -- mutants ------------------------------------------------------------------------------
+    # -- mutants ----------------------------------------------------------------------------------
 
     def mutant(self, data: Data) -> Frame:
         """``data`` changed by one to four mutations: of the object, then of its text, then
@@ -735,7 +735,7 @@ def next_seq(c: Chooser, last: int) -> int:
     return last + 10**20
 
 
-# -- the oracle -------------------------------------------------------------------------------
+# -- the oracle ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -784,7 +784,7 @@ def verdict(frame: Frame, allowed: Sequence[str], max_size: int | None = None) -
     return Verdict(None if valid else m.BAD_MESSAGE, type_, ref)
 
 
-# -- checks -----------------------------------------------------------------------------------
+# -- checks --------------------------------------------------------------------------------------
 
 
 class Violation(AssertionError):
@@ -1181,7 +1181,7 @@ class ClientDriver(Driver):
         expect(not proto.replay and proto.acked_by_peer == proto.sent_seq, "probe ack: kept")
 
 
-# -- sequences --------------------------------------------------------------------------------
+# -- sequences -----------------------------------------------------------------------------------
 
 
 def server_sequence(
@@ -1234,7 +1234,7 @@ def client_sequence(
     driver.probe()
 
 
-# -- the run ----------------------------------------------------------------------------------
+# -- the run -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -1350,7 +1350,7 @@ def report(args: argparse.Namespace, tallies: list[Tally]) -> None:
             print(f"  ! {failure}")
 
 
-# -- main -------------------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------------------------
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -145,7 +145,7 @@ def make_agent(steps: int, turns: int) -> vrt.Agent:
     )
 
 
-# -- figures ----------------------------------------------------------------------------------
+# -- figures -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -311,7 +311,7 @@ def raise_open_files() -> tuple[int, int]:
     return soft, hard
 
 
-# -- one session ------------------------------------------------------------------------------
+# -- one session ---------------------------------------------------------------------------------
 
 
 class SessionEnded(Exception):
@@ -486,7 +486,7 @@ async def warm_up(url: str, steps: int) -> None:
         raise RuntimeError(f"the warm-up session failed: {dict(plan.stats.errors)}")
 
 
-# -- the clients, in this process or in a second one ------------------------------------------
+# -- the clients, in this process or in a second one ---------------------------------------------
 
 
 class Hooks:
@@ -584,7 +584,7 @@ async def drive(args: argparse.Namespace, url: str, hooks: Hooks) -> None:
     await hooks.done(measured, soak, side)
 
 
-# -- printing ---------------------------------------------------------------------------------
+# -- printing ------------------------------------------------------------------------------------
 
 
 def _ms(seconds: float) -> str:
@@ -809,7 +809,7 @@ class Printer:
                 print(f"  {label:53}{growth:>+9.1%}  {_verdict(growth <= TARGET_SOAK_GROWTH)}")
 
 
-# -- one process ------------------------------------------------------------------------------
+# -- one process ---------------------------------------------------------------------------------
 
 
 class LocalHooks(Hooks):
@@ -841,7 +841,7 @@ async def one_process(args: argparse.Namespace, printer: Printer) -> None:
         nursery.cancel_scope.cancel()
 
 
-# -- two processes: the server here, the clients in a child -----------------------------------
+# -- two processes: the server here, the clients in a child --------------------------------------
 
 
 class ChildHooks(Hooks):
@@ -985,7 +985,7 @@ async def clients_child(args: argparse.Namespace) -> None:
     await drive(args, args.url, ChildHooks(count_logs()))
 
 
-# -- main -------------------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------------------------
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -131,7 +131,7 @@ def stream_agent(turns: int, steps: int, per_step: int) -> vrt.Agent:
     return vrt.define_agent(model=vrt.ScriptedModel(script), tools=[noop], max_steps=steps + 1)
 
 
-# -- the raw servers --------------------------------------------------------------------------
+# -- the raw servers -----------------------------------------------------------------------------
 
 
 async def _echo(request: WebSocketRequest) -> None:
@@ -190,7 +190,7 @@ async def _start_raw(
     return f"ws://{HOST}:{server.port}/"
 
 
-# -- capturing vrt's frames -------------------------------------------------------------------
+# -- capturing vrt's frames ----------------------------------------------------------------------
 
 
 @dataclass
@@ -277,7 +277,7 @@ async def capture_frames(rtt_url: str, stream_url: str, turns: int) -> Frames:
     )
 
 
-# -- (a) round trip ---------------------------------------------------------------------------
+# -- (a) round trip ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -390,7 +390,7 @@ async def vrt_rtt(url: str, count: int, warmup: int) -> Latency:
     )
 
 
-# -- (b) stream -------------------------------------------------------------------------------
+# -- (b) stream ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -458,7 +458,7 @@ async def vrt_stream(url: str, turns: int, calls: int) -> Run:
     return Run(messages=received, wall=wall, cpu=cpu)
 
 
-# -- the whole run ----------------------------------------------------------------------------
+# -- the whole run -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -552,7 +552,7 @@ async def measure(args: argparse.Namespace) -> Results:
         return r
 
 
-# -- profile ----------------------------------------------------------------------------------
+# -- profile -------------------------------------------------------------------------------------
 
 
 def _package(filename: str) -> str:
@@ -625,7 +625,7 @@ def profile(args: argparse.Namespace) -> None:
         print(f"  {seconds / n * 1e6:7.2f} {US} {seconds / total:6.1%}  {package}")
 
 
-# -- report -----------------------------------------------------------------------------------
+# -- report --------------------------------------------------------------------------------------
 
 
 def _verdict(ok: bool, value: float, target: float) -> str:
@@ -721,7 +721,7 @@ def report(args: argparse.Namespace, r: Results) -> tuple[float, float]:
     return rtt_ratio, cpu_ratio
 
 
-# -- main -------------------------------------------------------------------------------------
+# -- main ----------------------------------------------------------------------------------------
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -15,7 +15,7 @@ from vrt._check_state import Broken
 from vrt._cli import main as vrt_main
 from vrt._core.tables import TABLES, TOOL_CALL, Table
 
-# -- each machine ---------------------------------------------------------------------------
+# -- each machine ---------------------------------------------------------------------------------
 
 
 def test_the_real_machines_pass() -> None:
@@ -55,7 +55,7 @@ def test_a_table_whose_states_differ_from_its_class_is_caught() -> None:
     assert "Turn: state 'interrupting' cannot reach a final state" in problems
 
 
-# -- the composed model -------------------------------------------------------------------------
+# -- the composed model --------------------------------------------------------------------------
 
 
 def test_the_model_holds_every_invariant() -> None:
@@ -147,7 +147,7 @@ def test_bad_arguments() -> None:
         check.explore(calls=-1)
 
 
-# -- the reduction keeps every violation and every state at rest -------------------------------
+# -- the reduction keeps every violation and every state at rest ---------------------------------
 
 
 def _configs() -> Iterator[tuple[int, int, int, int, str | None]]:
@@ -181,7 +181,7 @@ def test_the_phases_option_adds_deltas_and_progress() -> None:
     assert phases.states > plain.states
 
 
-# -- the command --------------------------------------------------------------------------------
+# -- the command ---------------------------------------------------------------------------------
 
 
 def test_vrt_check_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> None:

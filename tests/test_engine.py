@@ -62,7 +62,7 @@ def phase(call_id: str, wanted: vrt.Phase) -> Any:
     return lambda e: isinstance(e, vrt.ToolStream) and e.call_id == call_id and e.phase == wanted
 
 
-# -- results ----------------------------------------------------------------------------------
+# -- results -------------------------------------------------------------------------------------
 
 
 async def test_ok_streamed_with_progress() -> None:
@@ -268,7 +268,7 @@ async def test_model_stopped_before_completing_arguments() -> None:
     assert_stream_valid(log)
 
 
-# -- the hook -------------------------------------------------------------------------------
+# -- the hook ------------------------------------------------------------------------------------
 
 
 async def test_hook_reject_rewrite_allow() -> None:
@@ -340,7 +340,7 @@ async def test_hook_bad_return_fails_the_call() -> None:
     assert result.calls[0].result.code == vrt.ResultCode.FAILED
 
 
-# -- interrupts -----------------------------------------------------------------------------
+# -- interrupts ----------------------------------------------------------------------------------
 
 
 async def interrupted_turn(ag: vrt.Agent, trigger: Any) -> tuple[vrt.TurnResult, list[Any]]:
@@ -617,7 +617,7 @@ async def test_barge_in_interrupts_the_open_turn(autojump_clock: trio.testing.Mo
     assert_stream_valid(log)
 
 
-# -- the turn loop ----------------------------------------------------------------------------
+# -- the turn loop -------------------------------------------------------------------------------
 
 
 async def test_server_tools_of_one_step_run_concurrently(
@@ -764,7 +764,7 @@ async def test_a_subscriber_that_leaves_does_not_disturb_others() -> None:
 
 
 async def test_subscription_is_a_cancel_point_and_yields_in_bursts() -> None:
-    from vrt import _subscription
+    from vrt._engine import subscription as _subscription
 
     send, receive = trio.open_memory_channel[int](1000)
     events = vrt.Subscription(receive)
@@ -794,7 +794,7 @@ async def test_subscription_is_a_cancel_point_and_yields_in_bursts() -> None:
 
 
 async def test_history_snapshot_is_stable() -> None:
-    from vrt._history import Snapshot
+    from vrt._engine.history import Snapshot
 
     items = [1, 2, 3]
     snap = Snapshot(items)

@@ -102,7 +102,7 @@ def _ignore(outcome: str) -> None:
     pass
 
 
-# -- the fuzzing slices ---------------------------------------------------------------------------
+# -- the fuzzing slices --------------------------------------------------------------------------
 
 
 @FUZZ
@@ -177,7 +177,7 @@ def test_a_seeded_slice_reaches_every_outcome(core: str) -> None:
         assert {o.split()[0] for o in outcomes} >= {"event", "local", "closed", "silent"}
 
 
-# -- what the fuzzer found ------------------------------------------------------------------------
+# -- what the fuzzer found -----------------------------------------------------------------------
 
 
 def _server(*, open_: bool = True) -> ServerProtocol:

@@ -274,7 +274,7 @@ async def test_closed_sessions_hold_no_turn_or_script_cursor(
     assert model._cursors == {}
 
 
-# -- found by vrt check (vrt.check.BREAKABLE "late-dispatch" and "overtake") -------------------
+# -- found by vrt check (vrt.check.BREAKABLE "late-dispatch" and "overtake") ---------------------
 
 EDIT = models.ToolSpec(name="edit", description="an app tool", parameters={"type": "object"})
 

@@ -64,7 +64,7 @@ async def resume(peer: Peer, session_id: str, token: str, last_seq: int) -> list
     return [first] if first["type"] == "welcome" else [first, await frame_of(peer)]
 
 
-# -- resume security ---------------------------------------------------------------------------
+# -- resume security -----------------------------------------------------------------------------
 
 
 async def test_the_resume_token_has_at_least_128_random_bits() -> None:
@@ -203,7 +203,7 @@ async def test_the_client_sees_expiry(autojump_clock: trio.testing.MockClock) ->
     assert cuts[0] > 3  # it kept trying, with backoff
 
 
-# -- limits -------------------------------------------------------------------------------------
+# -- limits --------------------------------------------------------------------------------------
 
 
 async def test_max_sessions() -> None:
@@ -374,7 +374,7 @@ def test_bad_limits_are_refused() -> None:
         trio.run(functools.partial(vrt.serve, chat_agent(), port=0, resume_window=-1))
 
 
-# -- authentication and origins -----------------------------------------------------------------
+# -- authentication and origins ------------------------------------------------------------------
 
 
 def whoami_agent(seen: list[Any]) -> vrt.Agent:

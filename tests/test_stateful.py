@@ -242,7 +242,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended_after_close: str | None = None
         self.closed = False
 
-    # -- the program --------------------------------------------------------------------------
+    # -- the program ------------------------------------------------------------------------------
 
     @initialize(confirm=st.booleans(), schedule=st.random_module())
     def open(self, confirm: bool, schedule: Any) -> None:
@@ -331,7 +331,7 @@ class EngineMachine(RuleBasedStateMachine):
         ended = {e.call_id for e in log if isinstance(e, vrt.ToolStream) and e.phase in TERMINAL}
         assert started <= ended, f"open right after the interrupt: {sorted(started - ended)}"
 
-    # -- what the log says so far -------------------------------------------------------------
+    # -- what the log says so far -----------------------------------------------------------------
 
     def open_turn(self) -> str | None:
         turn_id = None
@@ -357,7 +357,7 @@ class EngineMachine(RuleBasedStateMachine):
     def turn_over(self, turn_id: str) -> bool:
         return any(isinstance(e, vrt.TurnEnded) and e.turn_id == turn_id for e in self.log)
 
-    # -- rules --------------------------------------------------------------------------------
+    # -- rules ------------------------------------------------------------------------------------
 
     def _start(self, script: list[list[Any]], at: float, ticks: int) -> None:
         key = self.model.add(script)
@@ -547,7 +547,7 @@ class EngineMachine(RuleBasedStateMachine):
         for label in sorted(self.covered):
             hypothesis.event(label)
 
-    # -- invariants ---------------------------------------------------------------------------
+    # -- invariants -------------------------------------------------------------------------------
 
     @invariant()
     def the_log_and_the_results_agree(self) -> None:

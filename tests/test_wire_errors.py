@@ -79,7 +79,7 @@ PACKAGE_DIR = str(Path(vrt.__file__).resolve().parent)
 Frame = dict[str, Any]
 
 
-# -- the checks every server frame passes ----------------------------------------------------
+# -- the checks every server frame passes --------------------------------------------------------
 
 
 @functools.cache
@@ -105,7 +105,7 @@ def checked(frame: str | bytes) -> Frame:
     return data
 
 
-# -- a hand-driven client ----------------------------------------------------------------------
+# -- a hand-driven client ------------------------------------------------------------------------
 
 
 class Peer:
@@ -134,7 +134,7 @@ class Peer:
         self.seq += 1
         return self.seq
 
-    # -- sending --------------------------------------------------------------------------------
+    # -- sending ----------------------------------------------------------------------------------
 
     async def send_raw(self, frame: str | bytes) -> None:
         """Send one frame exactly as given (text for str, binary for bytes)."""
@@ -152,7 +152,7 @@ class Peer:
         await self.send_raw(json.dumps({"type": type_, "seq": seq, **fields}))
         return seq
 
-    # -- receiving ------------------------------------------------------------------------------
+    # -- receiving --------------------------------------------------------------------------------
 
     async def receive(self) -> Frame:
         """The next frame, acks included, checked."""
@@ -241,7 +241,7 @@ class Peer:
                 data = await self.receive()
                 assert data["type"] == "ack", f"expected no reply, got {data}"
 
-    # -- conversations ---------------------------------------------------------------------------
+    # -- conversations ----------------------------------------------------------------------------
 
     async def hello(self, tools: Iterable[Frame] = ()) -> Frame:
         """A valid handshake; returns the ``welcome``."""
@@ -279,7 +279,7 @@ class Peer:
         await self.run_turn("and again?")
 
 
-# -- servers and agents ------------------------------------------------------------------------
+# -- servers and agents --------------------------------------------------------------------------
 
 
 @vrt.server_tool(

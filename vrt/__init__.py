@@ -6,10 +6,7 @@ the other public modules.
 """
 
 from vrt import models
-from vrt._agent import Agent, Allow, CallInfo, Reject, Rewrite, define_agent
 from vrt._client import Client, connect
-from vrt._confirm import require_confirmation
-from vrt._context import Signal, ToolContext
 from vrt._core.events import (
     Closed,
     ConfirmRequest,
@@ -24,6 +21,13 @@ from vrt._core.events import (
     TurnStarted,
 )
 from vrt._core.results import CallRecord, ResultCode, ToolResult, TurnResult
+from vrt._engine.agent import Agent, Allow, CallInfo, Reject, Rewrite, define_agent
+from vrt._engine.confirm import require_confirmation
+from vrt._engine.context import Signal, ToolContext
+from vrt._engine.session import Session, open_session
+from vrt._engine.subscription import Subscription
+from vrt._engine.tools import AppTool, ServerTool, app_tool, server_tool, validate_arguments
+from vrt._engine.turn import Turn
 from vrt._errors import (
     CallAborted,
     DefinitionError,
@@ -35,10 +39,6 @@ from vrt._errors import (
 )
 from vrt._scripted import ScriptedModel, call, pause, say
 from vrt._server import HandshakeRequest, Refuse, Server, serve
-from vrt._session import Session, open_session
-from vrt._subscription import Subscription
-from vrt._tools import AppTool, ServerTool, app_tool, server_tool, validate_arguments
-from vrt._turn import Turn
 from vrt.models import Model, ModelRequest, ToolSpec
 
 __all__ = [

@@ -180,7 +180,7 @@ class ClientRules(Rules):
             w[F_C2S] = (*s[F_C2S], ("result", i))
         return tuple(w)
 
-    # -- the network, as the client sees it ---------------------------------------------------
+    # -- the network, as the client sees it -------------------------------------------------------
 
     def lost(self, s: State) -> State | None:
         """The socket dies and the client notices (Connection ``lost``): what is in flight to

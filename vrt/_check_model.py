@@ -185,7 +185,7 @@ class Model(ServerRules, ClientRules):
             w[F_LAST_BEGUN], w[F_USER_INTERRUPTS], w[F_DROPS] = -1, 0, 0
         return tuple(w)
 
-    # -- at rest -------------------------------------------------------------------------------
+    # -- at rest ----------------------------------------------------------------------------------
 
     def check_at_rest(self, s: State) -> None:
         """Raise :class:`Broken` if a state at rest breaks an end-state rule.

@@ -1,4 +1,4 @@
-"""``vrt check``: the server's side of the composed model (vrt/_turn.py, vrt/_call.py,
+"""``vrt check``: the server's side of the composed model (vrt/_engine/turn.py, vrt/_engine/call.py,
 vrt/_server.py): the model's stream, each call's task, interrupts, the session's life."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from vrt._core.tables import TOOL_CALL, TURN, Table
 State = tuple[Any, ...]
 """One state of the composed model: a flat tuple of the ``F_*`` fields."""
 
-# -- the invariants ---------------------------------------------------------------------------
+# -- the invariants -------------------------------------------------------------------------------
 
 INVARIANTS: Final = {
     "stream": "each call's app-facing stream starts with start and has exactly one terminal "
@@ -64,7 +64,7 @@ class Broken(Exception):
         self.detail = detail
 
 
-# -- the state --------------------------------------------------------------------------------
+# -- the state -----------------------------------------------------------------------------------
 
 # server
 F_TURN = 0  # Turn machine state

@@ -27,14 +27,14 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from vrt._context import Signal, ToolContext
 from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
 from vrt._core.results import ResultCode, ToolResult
+from vrt._engine.context import Signal, ToolContext
+from vrt._engine.groups import single_unwrapped
+from vrt._engine.subscription import Subscription
+from vrt._engine.tools import AppTool
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
-from vrt._groups import single_unwrapped
 from vrt._memory import AckTimer, send_frames
-from vrt._subscription import Subscription
-from vrt._tools import AppTool
 from vrt._wire import messages as m
 from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
 from vrt._wire.server import MAX_MESSAGE_SIZE
@@ -82,7 +82,7 @@ class Client:
         """The session's final event, once the server ended it."""
         self._closed = trio.Event()
 
-    # -- the public surface -------------------------------------------------------------------
+    # -- the public surface -----------------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
@@ -136,7 +136,7 @@ class Client:
             self._dispatch(item)
         self._flush()
 
-    # -- internals ----------------------------------------------------------------------------
+    # -- internals --------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self.closed is not None:

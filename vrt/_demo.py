@@ -261,7 +261,7 @@ def _drain(subscription: vrt.Subscription[vrt.Event]) -> list[vrt.Event]:
             return events
 
 
-# -- the story as the client saw it, and its checks -----------------------------------------
+# -- the story as the client saw it, and its checks ----------------------------------------------
 
 
 def seen_turns(events: Iterable[vrt.Event]) -> tuple[SeenTurn, ...]:
@@ -346,7 +346,7 @@ def _phase(name: str, phase: vrt.Phase) -> Callable[[vrt.Event], bool]:
     return lambda e: isinstance(e, vrt.ToolStream) and e.name == name and e.phase == phase
 
 
-# -- the server's side: its tools and its script -----------------------------------------
+# -- the server's side: its tools and its script -------------------------------------------------
 
 
 def _server_tools(scale: float) -> list[vrt.ServerTool]:
@@ -542,7 +542,7 @@ class _PacedModel:
         self.inner.forget(session_id)
 
 
-# -- the client's side: the app's tools and its user ---------------------------------------
+# -- the client's side: the app's tools and its user ---------------------------------------------
 
 
 _PANEL: Final = {
@@ -680,7 +680,7 @@ class _App:
                     await event.deny(reason)
 
 
-# -- the timeline ------------------------------------------------------------------------
+# -- the timeline --------------------------------------------------------------------------------
 
 
 _STYLES: Final = {

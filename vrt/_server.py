@@ -26,8 +26,6 @@ from trio_websocket import (
     WebSocketServer,
 )
 
-from vrt._agent import Agent
-from vrt._call import Call
 from vrt._core.events import (
     TERMINAL_PHASES,
     ConfirmRequest,
@@ -38,8 +36,10 @@ from vrt._core.events import (
     TurnStarted,
 )
 from vrt._core.results import ResultCode, ToolResult
+from vrt._engine.agent import Agent
+from vrt._engine.call import Call
+from vrt._engine.session import Session
 from vrt._memory import AckTimer, send_frames
-from vrt._session import Session
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT
 from vrt._wire.server import MAX_MESSAGE_SIZE, ServerProtocol
@@ -470,7 +470,7 @@ class _Live:
             for frame in frames:
                 link.out.send_nowait(frame)
 
-    # -- the session's life (in the hub's nursery) --------------------------------------------
+    # -- the session's life (in the hub's nursery) ------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the session until it closes or expires: one task and one nursery, which its
@@ -539,7 +539,7 @@ class _Live:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    # -- connections (each in the task that accepted it) --------------------------------------
+    # -- connections (each in the task that accepted it) ------------------------------------------
 
     def resume(self, hello: m.Hello) -> None:
         """A new connection resumes the session: the newest wins, the old one is closed."""
@@ -748,7 +748,7 @@ class _Live:
             self.end("overflow")
         self.flush()
 
-    # -- acting on client messages ------------------------------------------------------------
+    # -- acting on client messages ----------------------------------------------------------------
 
     def _act(self, session: Session, message: Any) -> None:
         proto = self.proto
@@ -804,7 +804,7 @@ class _Live:
         pending.done.set()
         self.answered.add(call_id)
 
-    # -- the app host (vrt._call.AppHost) -----------------------------------------------------
+    # -- the app host (vrt._engine.call.AppHost) --------------------------------------------------
 
     async def run_app(self, call: Call) -> ToolResult:
         """Send an app call to the client and wait for its ``tool.result``."""

@@ -37,13 +37,21 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from vrt._agent import Agent, BeforeToolCall, CallInfo, Decision, Reject, Rewrite, define_agent
-from vrt._confirm import require_confirmation
-from vrt._context import ToolContext
 from vrt._core.results import ResultCode, ToolResult
+from vrt._engine.agent import (
+    Agent,
+    BeforeToolCall,
+    CallInfo,
+    Decision,
+    Reject,
+    Rewrite,
+    define_agent,
+)
+from vrt._engine.confirm import require_confirmation
+from vrt._engine.context import ToolContext
+from vrt._engine.tools import AppTool, ServerTool, schema_validator
 from vrt._errors import InvalidArguments
 from vrt._scripted import ScriptedCall, ScriptedModel, ScriptItem, call, pause, say
-from vrt._tools import AppTool, ServerTool, schema_validator
 from vrt.models import Model, ModelEvent, ModelRequest, UserInput
 
 if TYPE_CHECKING:
@@ -124,7 +132,7 @@ _BAD_ARGUMENTS: tuple[Any, ...] = (
 )
 
 
-# -- the tools --------------------------------------------------------------------------------
+# -- the tools -----------------------------------------------------------------------------------
 
 
 async def _behave(args: dict[str, Any], ctx: ToolContext | Any, *, server: bool) -> Any:
@@ -252,7 +260,7 @@ def scripted_agent(
     return attrs.evolve(_agent(app_tools, confirm, max_steps), model=chosen)
 
 
-# -- what each call must end with -------------------------------------------------------------
+# -- what each call must end with ----------------------------------------------------------------
 
 
 def _not_json(token: str) -> Any:
@@ -340,7 +348,7 @@ def expected_result(
     return ToolResult.success(None if do == "none" else {"done": item.call_id})
 
 
-# -- the model --------------------------------------------------------------------------------
+# -- the model -----------------------------------------------------------------------------------
 
 
 class TurnScripts:
@@ -397,7 +405,7 @@ class TurnScripts:
                 yield event
 
 
-# -- strategies -------------------------------------------------------------------------------
+# -- strategies ----------------------------------------------------------------------------------
 
 
 def tool_arguments() -> SearchStrategy[Any]:

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-# -- what the model streams -----------------------------------------------------------------
+# -- what the model streams ----------------------------------------------------------------------
 
 
 @attrs.frozen(kw_only=True)
@@ -76,7 +76,7 @@ class CallEnd:
 ModelEvent = Text | CallStart | CallDelta | CallEnd
 
 
-# -- what the model is asked ----------------------------------------------------------------
+# -- what the model is asked ---------------------------------------------------------------------
 
 
 @attrs.frozen(kw_only=True)

@@ -27,12 +27,13 @@ from typing import Any
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
-from vrt._agent import Agent
 from vrt._client import Client, open_client
 from vrt._core.events import Closed, Phase, ToolStream, TurnEnded
 from vrt._core.tables import CALL_VIEW, Machine, StrictMachine
+from vrt._engine.agent import Agent
+from vrt._engine.groups import single_unwrapped
+from vrt._engine.tools import AppTool
 from vrt._errors import InvalidTransition
-from vrt._groups import single_unwrapped
 from vrt._memory import MemoryConnection, memory_connection_pair
 from vrt._proxy import LoopbackProxy
 from vrt._server import Hub, Server, _Options, serve
@@ -49,7 +50,6 @@ from vrt._strategies import (
     tool_calls,
     truncated,
 )
-from vrt._tools import AppTool
 from vrt._wire import messages as m
 
 __all__ = [

@@ -105,7 +105,7 @@ class ClientProtocol(Endpoint):
         self.running: str | None = None
         self.answers: dict[str, m.WireResult] = {}  # call id -> result sent, oldest first
 
-    # -- the app's actions --------------------------------------------------------------------
+    # -- the app's actions ------------------------------------------------------------------------
 
     def hello(self) -> None:
         """Queue the ``hello`` that opens the session."""
@@ -193,7 +193,7 @@ class ClientProtocol(Endpoint):
         """End the session for good."""
         self.send(m.Close)
 
-    # -- the server's messages ----------------------------------------------------------------
+    # -- the server's messages --------------------------------------------------------------------
 
     def receive(self, frame: str | bytes) -> list[Any]:
         """Process one frame; return what the app and the runner must see."""

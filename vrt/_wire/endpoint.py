@@ -40,7 +40,7 @@ class Endpoint:
         """The replay buffer went over its bound: the session can no longer resume."""
         self._ack_sent = 0
 
-    # -- sending ------------------------------------------------------------------------------
+    # -- sending ----------------------------------------------------------------------------------
 
     def send(self, cls: Callable[..., M], **fields: Any) -> M:
         """Number a message of ``cls``, keep it for replay, and queue its frame."""
@@ -79,7 +79,7 @@ class Endpoint:
         frames, self.outbox = self.outbox, []
         return frames
 
-    # -- receiving ----------------------------------------------------------------------------
+    # -- receiving --------------------------------------------------------------------------------
 
     def accept(self, seq: int) -> bool:
         """Whether a message numbered ``seq`` is new; if so it counts as processed.

@@ -8,8 +8,7 @@ from typing import Any, Literal
 import attrs
 
 from vrt._core.results import Kind
-from vrt._errors import DefinitionError
-from vrt._tools import (
+from vrt._engine.tools import (
     AppTool,
     Risk,
     ServerTool,
@@ -18,6 +17,7 @@ from vrt._tools import (
     compile_validate,
     schema_validator,
 )
+from vrt._errors import DefinitionError
 from vrt.models import Model, ToolSpec
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vrt._agent import BeforeToolCall, CallInfo, Decision, Reject
 from vrt._core.events import ConfirmRequest
-from vrt._current import current_session
+from vrt._engine.agent import BeforeToolCall, CallInfo, Decision, Reject
+from vrt._engine.current import current_session
+from vrt._engine.tools import RISKS, Risk
 from vrt._errors import DefinitionError
-from vrt._tools import RISKS, Risk
 
 
 def require_confirmation(min_risk: Risk = "high", *, apps: bool = False) -> BeforeToolCall:

@@ -11,16 +11,16 @@ from typing import Any
 
 import trio
 
-from vrt._agent import Agent, RegisteredApp
-from vrt._call import AppHost, Call
 from vrt._core.events import Closed, ConfirmRequest, Event, TurnStarted
 from vrt._core.tables import SESSION
+from vrt._engine.agent import Agent, RegisteredApp
+from vrt._engine.call import AppHost, Call
+from vrt._engine.groups import single_unwrapped
+from vrt._engine.history import Snapshot
+from vrt._engine.subscription import Subscription
+from vrt._engine.tools import schema_validator
+from vrt._engine.turn import Turn
 from vrt._errors import SessionClosed
-from vrt._groups import single_unwrapped
-from vrt._history import Snapshot
-from vrt._subscription import Subscription
-from vrt._tools import schema_validator
-from vrt._turn import Turn
 from vrt.models import HistoryItem, ModelRequest, ToolSpec, UserInput
 
 
@@ -218,7 +218,7 @@ class Session:
         """
         self._nursery = nursery
 
-    # -- for turns ---------------------------------------------------------------------------
+    # -- for turns --------------------------------------------------------------------------------
 
     def request(self, turn: Turn, step: int) -> ModelRequest:
         """The model request for one step of ``turn``."""

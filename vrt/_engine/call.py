@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from vrt._agent import Allow, CallInfo, Reject, Rewrite
-from vrt._context import Signal, ToolContext
 from vrt._core.events import Phase, ToolPreview, ToolStream
 from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt._core.tables import TOOL_CALL
+from vrt._engine.agent import Allow, CallInfo, Reject, Rewrite
+from vrt._engine.context import Signal, ToolContext
 from vrt._errors import InvalidArguments, InvalidTransition
 
 if TYPE_CHECKING:
-    from vrt._agent import RegisteredApp, RegisteredTool
     from vrt._core.results import Kind
-    from vrt._turn import Turn
+    from vrt._engine.agent import RegisteredApp, RegisteredTool
+    from vrt._engine.turn import Turn
 
 log = logging.getLogger("vrt")
 
@@ -94,7 +94,7 @@ class Call:
         self.signal = Signal()
         self._emit(Phase.START)
 
-    # -- driven by the turn as the model streams ------------------------------------------
+    # -- driven by the turn as the model streams --------------------------------------------------
 
     def delta(self, fragment: str) -> None:
         """The model wrote the next fragment of the arguments."""
@@ -132,7 +132,7 @@ class Call:
         )
         self._end(result, Phase.CANCELLED)
 
-    # -- the call's own task ------------------------------------------------------------------
+    # -- the call's own task ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Hook, validation, run. Cancelled with the turn's scope on interrupt."""
@@ -282,7 +282,7 @@ class Call:
         if self._send("progress"):
             self._emit(Phase.PROGRESS, progress=progress)
 
-    # -- results and events ------------------------------------------------------------------
+    # -- results and events -----------------------------------------------------------------------
 
     def _send(self, event: str) -> bool:
         """Send ``event``; a late event after a final state is logged and dropped."""

@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from vrt._call import Call, _describe
 from vrt._core.events import TextDelta, TurnEnded
 from vrt._core.results import CallRecord, TurnResult, TurnStatus
 from vrt._core.tables import TURN
-from vrt._current import current_session
+from vrt._engine.call import Call, _describe
+from vrt._engine.current import current_session
 from vrt._errors import InvalidTransition, SessionClosed, VrtError
 from vrt.models import AgentText, CallDelta, CallEnd, CallStart, HistoryItem, Text, TurnInterrupted
 
 if TYPE_CHECKING:
-    from vrt._session import Session
+    from vrt._engine.session import Session
 
 log = logging.getLogger("vrt")
 
@@ -90,14 +90,14 @@ class Turn:
             raise SessionClosed(f"the session closed before turn {self.turn_id} ended")
         return self._result
 
-    # -- called by calls ---------------------------------------------------------------------
+    # -- called by calls --------------------------------------------------------------------------
 
     def call_ended(self, call: Call) -> None:
         del self._open[call.call_id]
         if not self._open and self._idle is not None:
             self._idle.set()
 
-    # -- the turn's task ---------------------------------------------------------------------
+    # -- the turn's task --------------------------------------------------------------------------
 
     async def run(self) -> None:
         """The turn loop; on session close it is cancelled and the turn never ends."""

@@ -23,7 +23,7 @@ from vrt._core.schema import check_parameters
 from vrt._errors import DefinitionError, InvalidArguments
 
 if TYPE_CHECKING:
-    from vrt._context import ToolContext
+    from vrt._engine.context import ToolContext
 
 Risk = Literal["low", "medium", "high"]
 RISKS: tuple[Risk, ...] = ("low", "medium", "high")
@@ -116,7 +116,7 @@ def _doc(fn: object) -> str:
     return doc.strip().split("\n\n")[0].replace("\n", " ")
 
 
-# -- checking definitions ---------------------------------------------------------------------
+# -- checking definitions ------------------------------------------------------------------------
 
 
 def check_tool(tool: ServerTool | AppTool) -> None:
@@ -151,7 +151,7 @@ def _is_async_callable(fn: object) -> bool:
     )
 
 
-# -- validating arguments ---------------------------------------------------------------------
+# -- validating arguments ------------------------------------------------------------------------
 
 Validator = Callable[[dict[str, Any]], Any]
 

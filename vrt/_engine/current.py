@@ -6,7 +6,7 @@ import contextvars
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vrt._session import Session
+    from vrt._engine.session import Session
 
 #: Set in each turn's task; the call tasks it spawns inherit it (e.g. for confirmation).
 current_session: contextvars.ContextVar[Session] = contextvars.ContextVar("vrt_session")
