@@ -37,9 +37,9 @@ from vrt._errors import (
     SessionClosed,
     VrtError,
 )
-from vrt._scripted import ScriptedModel, call, pause, say
 from vrt._server import HandshakeRequest, Refuse, Server, serve
 from vrt.models import Model, ModelRequest, ToolSpec
+from vrt.models._scripted import ScriptedModel, call, pause, say
 
 __all__ = [
     "Agent",

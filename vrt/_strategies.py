@@ -51,8 +51,8 @@ from vrt._engine.confirm import require_confirmation
 from vrt._engine.context import ToolContext
 from vrt._engine.tools import AppTool, ServerTool, schema_validator
 from vrt._errors import InvalidArguments
-from vrt._scripted import ScriptedCall, ScriptedModel, ScriptItem, call, pause, say
 from vrt.models import Model, ModelEvent, ModelRequest, UserInput
+from vrt.models._scripted import ScriptedCall, ScriptedModel, ScriptItem, call, pause, say
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

@@ -1,13 +1,5 @@
-"""The model side of vrt: what a model is asked, and the events it streams back.
-
-A model is anything with ``stream(request) -> AsyncIterator[ModelEvent]``. One call of
-``stream`` is one model step. Within a step the model may say text and make calls; a call
-is ``CallStart``, any number of ``CallDelta`` fragments of its JSON arguments, then
-``CallEnd``. ``CallEnd(arguments=...)`` may carry the whole arguments at once (a model that
-does not stream them); otherwise the arguments are the concatenated deltas. A step whose
-stream ends with a call not ended means the model stopped before completing its arguments:
-that call fails.
-"""
+"""The model protocol: what a model is asked, and the events it streams back (see
+:mod:`vrt.models`)."""
 
 from __future__ import annotations
 
@@ -17,23 +9,6 @@ from typing import Any, Protocol
 import attrs
 
 from vrt._core.results import CallRecord
-
-__all__ = [
-    "AgentText",
-    "CallDelta",
-    "CallEnd",
-    "CallRecord",
-    "CallStart",
-    "HistoryItem",
-    "Model",
-    "ModelEvent",
-    "ModelRequest",
-    "Text",
-    "ToolSpec",
-    "TurnInterrupted",
-    "UserInput",
-]
-
 
 # -- what the model streams ----------------------------------------------------------------------
 
