@@ -9,11 +9,11 @@ import pytest
 
 import machines
 from vrt import check
-from vrt._check_model import Model
-from vrt._check_search import search
-from vrt._check_state import Broken
 from vrt._cli import main as vrt_main
 from vrt._core.tables import TABLES, TOOL_CALL, Table
+from vrt.check._model import Model
+from vrt.check._search import search
+from vrt.check._state import Broken
 
 # -- each machine ---------------------------------------------------------------------------------
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vrt._check_state import (
+from vrt._core.events import Phase
+from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION
+from vrt.check._state import (
     F_C2S,
     F_CEPOCH,
     F_CLIENT,
@@ -33,8 +35,6 @@ from vrt._check_state import (
     put,
     show,
 )
-from vrt._core.events import Phase
-from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION
 
 
 class ClientRules(Rules):

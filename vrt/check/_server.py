@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vrt._check_state import (
+from vrt._core.events import Phase
+from vrt._core.tables import CONNECTION, SESSION, TOOL_CALL, TURN
+from vrt.check._state import (
     C_KIND,
     C_RESULTS,
     C_STREAMED,
@@ -42,8 +44,6 @@ from vrt._check_state import (
     put,
     turn_ends,
 )
-from vrt._core.events import Phase
-from vrt._core.tables import CONNECTION, SESSION, TOOL_CALL, TURN
 
 
 class ServerRules(Rules):

@@ -100,11 +100,11 @@ from typing import TextIO
 
 import attrs
 
-from vrt._check_machines import check_machines, count_pairs
-from vrt._check_model import Model
-from vrt._check_search import search, shorten
-from vrt._check_state import BREAKABLE, INVARIANTS
 from vrt._core.tables import TABLES
+from vrt.check._machines import check_machines, count_pairs
+from vrt.check._model import Model
+from vrt.check._search import search, shorten
+from vrt.check._state import BREAKABLE, INVARIANTS
 
 __all__ = [
     "BREAKABLE",

@@ -1,6 +1,6 @@
 """``vrt check``, part three: breadth-first search over the composed model, and its traces.
 
-:func:`search` explores one :class:`~vrt._check_model.Model` breadth first with a visited
+:func:`search` explores one :class:`~vrt.check._model.Model` breadth first with a visited
 set (a dict from each state to the state and action it was first reached by). With
 ``reduce`` on, each state is expanded with an ample set instead of every enabled action
 (the partial-order reduction :mod:`vrt.check` describes). A violation keeps the path that
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from vrt._check_model import Model
-from vrt._check_state import CLIENT, SERVER, Action, Broken, State
+from vrt.check._model import Model
+from vrt.check._state import CLIENT, SERVER, Action, Broken, State
 
 
 @attrs.frozen(kw_only=True)

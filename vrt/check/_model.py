@@ -1,21 +1,22 @@
 """``vrt check``, part two: the composed model.
 
 :mod:`vrt.check` documents what is modelled and what is abstracted. The model is split in
-parts: the vocabulary (:mod:`vrt._check_state`: invariants, state layout, messages, the
-table helpers), the server's actions (:mod:`vrt._check_server`) and the client's
-(:mod:`vrt._check_client`). :class:`Model` puts them together: the initial state, the list
+parts: the vocabulary (:mod:`vrt.check._state`: invariants, state layout, messages, the
+table helpers), the server's actions (:mod:`vrt.check._server`) and the client's
+(:mod:`vrt.check._client`). :class:`Model` puts them together: the initial state, the list
 of named actions, the reduction's predicates, and the check of states at rest. An action is
 a named function ``(state) -> state | None`` (None: not enabled); an invariant broken by a
-step raises :class:`~vrt._check_state.Broken` from inside it.
+step raises :class:`~vrt.check._state.Broken` from inside it.
 """
 
 from __future__ import annotations
 
 import functools
 
-from vrt._check_client import ClientRules
-from vrt._check_server import ServerRules
-from vrt._check_state import (
+from vrt._core.tables import CONNECTION, SESSION, TURN
+from vrt.check._client import ClientRules
+from vrt.check._server import ServerRules
+from vrt.check._state import (
     BREAKABLE,
     C_RESULTS,
     CLIENT,
@@ -50,7 +51,6 @@ from vrt._check_state import (
     must,
     name,
 )
-from vrt._core.tables import CONNECTION, SESSION, TURN
 
 
 class Model(ServerRules, ClientRules):
