@@ -52,9 +52,9 @@ import attrs
 import trio
 
 import vrt
-from vrt._proxy import LoopbackProxy
 from vrt.models import CallDelta, ModelEvent, ModelRequest
 from vrt.testing import assert_stream_valid
+from vrt.testing._proxy import LoopbackProxy
 
 #: The scale ``vrt demo --fast`` uses: the same story at a tenth of the delays.
 FAST: Final = 0.1
