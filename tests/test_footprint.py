@@ -15,7 +15,7 @@ import trio.testing
 import vrt
 from tests.test_safety import connected
 from tests.test_wire_errors import serving
-from vrt._memory import ACK_INTERVAL, AckTimer
+from vrt._net.memory import ACK_INTERVAL, AckTimer
 
 
 async def test_the_ack_timer_sends_each_ack_once_an_interval_after_it_was_due(
@@ -81,7 +81,7 @@ def _server_tasks() -> Counter[str]:
     function)."""
     root = trio.lowlevel.current_root_task()
     assert root is not None
-    (serve,) = (task for task in _tasks(root) if task.name == "vrt._server.serve")
+    (serve,) = (task for task in _tasks(root) if task.name == "vrt._net.serve.serve")
     return Counter(task.name for task in _tasks(serve) if task.name.startswith("vrt."))
 
 
@@ -103,7 +103,7 @@ async def test_an_idle_server_session_holds_two_tasks_of_its_own() -> None:
             await trio.sleep(2 * ACK_INTERVAL)  # the acks go out; nothing waits
             during = _server_tasks() - before
         nursery.cancel_scope.cancel()
-    assert during == {"vrt._server._Live.run": 2, "vrt._server._Live._writer": 2}
+    assert during == {"vrt._net.serve._Live.run": 2, "vrt._net.serve._Live._writer": 2}
 
 
 @vrt.server_tool(risk="low", description="Slow to stop", parameters={"type": "object"})

@@ -20,7 +20,7 @@ from trio_websocket import wrap_client_stream
 import vrt
 from tests.conftest import Log, until
 from tests.test_wire_errors import FRAME_TIMEOUT, Frame, Peer, app_agent, chat_agent, serving
-from vrt import _server
+from vrt._net import serve as _server
 from vrt.testing import CuttingConnection, open_pair
 
 OBJ = {"type": "object"}

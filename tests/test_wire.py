@@ -496,7 +496,7 @@ async def test_barge_in_is_a_server_side_interrupt(vrt_pair: Any) -> None:
 
 
 def _no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vrt import _server
+    from vrt._net import serve as _server
 
     monkeypatch.setattr(_server._Options, "high_water", 10**9)
 

@@ -6,7 +6,6 @@ the other public modules.
 """
 
 from vrt import models
-from vrt._client import Client, connect
 from vrt._core.events import (
     Closed,
     ConfirmRequest,
@@ -37,7 +36,8 @@ from vrt._errors import (
     SessionClosed,
     VrtError,
 )
-from vrt._server import HandshakeRequest, Refuse, Server, serve
+from vrt._net.client import Client, connect
+from vrt._net.serve import HandshakeRequest, Refuse, Server, serve
 from vrt.models import Model, ModelRequest, ToolSpec
 from vrt.models._scripted import ScriptedModel, call, pause, say
 

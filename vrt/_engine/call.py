@@ -33,7 +33,7 @@ INTERRUPTED = ToolResult.failure(ResultCode.INTERRUPTED, "the turn was interrupt
 
 
 class AppHost(Protocol):
-    """Where app calls run: the client of the session (see ``vrt._server``)."""
+    """Where app calls run: the client of the session (see ``vrt._net.serve``)."""
 
     async def run_app(self, call: Call) -> ToolResult:
         """Send the call to the client and wait for its result.

@@ -1,5 +1,5 @@
 """``vrt check``: the server's side of the composed model (vrt/_engine/turn.py, vrt/_engine/call.py,
-vrt/_server.py): the model's stream, each call's task, interrupts, the session's life."""
+vrt/_net/serve.py): the model's stream, each call's task, interrupts, the session's life."""
 
 from __future__ import annotations
 

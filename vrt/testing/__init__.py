@@ -26,9 +26,9 @@ from typing import Any
 
 import trio
 
-from vrt._client import Client
 from vrt._engine.agent import Agent
-from vrt._server import Server, serve
+from vrt._net.client import Client
+from vrt._net.serve import Server, serve
 from vrt.testing._proxy import LoopbackProxy
 from vrt.testing._scripted_agent import (
     TurnScripts,

@@ -39,7 +39,7 @@ from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.agent import Agent
 from vrt._engine.call import Call
 from vrt._engine.session import Session
-from vrt._memory import AckTimer, send_frames
+from vrt._net.memory import AckTimer, send_frames
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT
 from vrt._wire.server import MAX_MESSAGE_SIZE, ServerProtocol
