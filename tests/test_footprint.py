@@ -15,7 +15,7 @@ import trio.testing
 import vrt
 from tests.test_safety import connected
 from tests.test_wire_errors import serving
-from vrt._net.memory import ACK_INTERVAL, AckTimer
+from vrt._net.pumps import ACK_INTERVAL, AckTimer
 
 
 async def test_the_ack_timer_sends_each_ack_once_an_interval_after_it_was_due(
@@ -103,7 +103,7 @@ async def test_an_idle_server_session_holds_two_tasks_of_its_own() -> None:
             await trio.sleep(2 * ACK_INTERVAL)  # the acks go out; nothing waits
             during = _server_tasks() - before
         nursery.cancel_scope.cancel()
-    assert during == {"vrt._net.serve._Live.run": 2, "vrt._net.serve._Live._writer": 2}
+    assert during == {"vrt._net.actor.SessionActor.run": 2, "vrt._net.link.Link._writer": 2}
 
 
 @vrt.server_tool(risk="low", description="Slow to stop", parameters={"type": "object"})

@@ -496,9 +496,9 @@ async def test_barge_in_is_a_server_side_interrupt(vrt_pair: Any) -> None:
 
 
 def _no_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vrt._net import serve as _server
+    from vrt._net.options import Options
 
-    monkeypatch.setattr(_server._Options, "high_water", 10**9)
+    monkeypatch.setattr(Options, "high_water", 10**9)
 
 
 @vrt.server_tool(risk="low")

@@ -34,7 +34,7 @@ from vrt._engine.groups import single_unwrapped
 from vrt._engine.subscription import Subscription
 from vrt._engine.tools import AppTool
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
-from vrt._net.memory import AckTimer, send_frames
+from vrt._net.pumps import AckTimer, send_frames
 from vrt._wire import messages as m
 from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
 from vrt._wire.server import MAX_MESSAGE_SIZE

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable
-from typing import Any, NoReturn
 
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
-
-log = logging.getLogger("vrt")
 
 
 class MemoryConnection:
@@ -56,82 +51,6 @@ class MemoryConnection:
 
     def _close_reason(self) -> CloseReason:
         return self.closed or CloseReason(1000, None)
-
-
-async def send_frames(frames: trio.MemoryReceiveChannel[str], ws: Any) -> bool:
-    """Send every frame from ``frames`` on ``ws`` until the channel closes (True) or the
-    connection does (False).
-
-    The one writer of a connection, so frames leave in the order they were queued. Frames
-    already queued go out without a scheduler pass each (a pass per frame cost ~10 us).
-    """
-    while True:
-        try:
-            frame = frames.receive_nowait()
-        except trio.WouldBlock:
-            try:
-                frame = await frames.receive()
-            except trio.EndOfChannel:
-                return True
-        except trio.EndOfChannel:
-            return True
-        try:
-            await ws.send_message(frame)
-        except ConnectionClosed:
-            return False
-
-
-ACK_INTERVAL = 0.2
-"""An ack goes out at most this long after the first message it acknowledges."""
-
-
-class AckTimer:
-    """The 200 ms ack rule for any number of sessions, in one task asleep while no ack is due.
-
-    Call :meth:`due` with a session's ``send`` when one of its processed messages has not
-    been acked (``ack_due``); :meth:`run` calls ``send()`` once, ACK_INTERVAL later (more
-    ``due`` calls meanwhile change nothing). A server runs one for all its sessions: a
-    timer task per session cost a task's memory each, and waking every 200 ms took half a
-    core for 1,000 idle sessions (bench/load.py).
-    """
-
-    def __init__(self) -> None:
-        # A list and a dict, not a deque and a set: a client has one of these, and an idle
-        # one should cost little (due entries leave in batches, so no pop(0) per entry).
-        self._queue: list[tuple[float, Callable[[], object]]] = []
-        self._armed: dict[Callable[[], object], None] = {}
-        self._wake: trio.Event | None = None
-
-    def due(self, send: Callable[[], object]) -> None:
-        """Something of ``send``'s session waits for an ack."""
-        if send in self._armed:
-            return
-        self._armed[send] = None
-        self._queue.append((trio.current_time() + ACK_INTERVAL, send))
-        if self._wake is not None:
-            self._wake.set()
-
-    async def run(self) -> NoReturn:
-        """Send acks when they are due, until cancelled (a task of its own)."""
-        queue = self._queue
-        while True:
-            if not queue:
-                self._wake = trio.Event()
-                await self._wake.wait()
-                self._wake = None
-            await trio.sleep_until(queue[0][0])
-            now = trio.current_time()
-            due = 0
-            while due < len(queue) and queue[due][0] <= now:
-                due += 1
-            sends = [send for _, send in queue[:due]]
-            del queue[:due]
-            for send in sends:
-                del self._armed[send]
-                try:
-                    send()
-                except Exception:  # one session's bug must not stop every session's acks
-                    log.exception("sending an ack failed")
 
 
 def memory_connection_pair() -> tuple[MemoryConnection, MemoryConnection]:

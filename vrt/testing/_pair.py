@@ -13,8 +13,9 @@ from vrt._engine.agent import Agent
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.tools import AppTool
 from vrt._net.client import Client, open_client
+from vrt._net.hub import Hub
 from vrt._net.memory import MemoryConnection, memory_connection_pair
-from vrt._net.serve import Hub, _Options
+from vrt._net.options import Options
 from vrt._wire import messages as m
 
 
@@ -37,7 +38,7 @@ async def open_pair(
     False. ``transport`` wraps each client end (e.g. in a :class:`CuttingConnection`).
     Leaving the block closes the session and stops the server side.
     """
-    options = _Options(capabilities=tuple(server_capabilities), **server)
+    options = Options(capabilities=tuple(server_capabilities), **server)
 
     @asynccontextmanager
     async def connection() -> AsyncIterator[Any]:

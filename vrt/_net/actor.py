@@ -1,0 +1,368 @@
+"""One session's actor on the server: the protocol pumped, the session driven, across
+connections.
+
+The actor owns a session's :class:`~vrt._wire.server.ServerProtocol` and its in-process
+:class:`~vrt.Session`: client messages become session actions (:meth:`SessionActor.receive`),
+session events become messages (:func:`~vrt._net.frames.message_of`, in the engine's own
+order), and app calls go to the client and wait for its ``tool.result``
+(:meth:`SessionActor.run_app`, the engine's app host). The connection currently carrying the
+session is its :class:`~vrt._net.link.Link`; without one (detached) the frames wait in the
+protocol's replay buffer for a resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from vrt._core.events import TERMINAL_PHASES, ToolStream
+from vrt._core.results import ResultCode, ToolResult
+from vrt._engine.call import Call
+from vrt._engine.session import Session
+from vrt._net.frames import message_of
+from vrt._net.link import Link, RateLimit, send_and_close
+from vrt._wire import messages as m
+from vrt._wire.server import ServerProtocol
+from vrt.models import ToolSpec
+
+if TYPE_CHECKING:
+    from vrt._net.hub import Hub
+
+log = logging.getLogger("vrt.server")
+
+STALL_TIMEOUT = 30.0
+"""A connected client held at the high water mark this long without acking is closed."""
+
+
+class SessionActor:
+    """One session's actor: the protocol pumped, the session driven, across connections."""
+
+    def __init__(self, hub: Hub, proto: ServerProtocol, hello: m.Hello, principal: Any) -> None:
+        self.hub = hub
+        self.agent = hub.agent
+        self.options = hub.options
+        self.proto = proto
+        self.hello = hello
+        self.principal = principal
+        self.link: Link | None = None
+        self.session: Session | None = None
+        self.rate = RateLimit(self.options.max_messages_per_second)
+        self._nursery: trio.Nursery | None = None
+        """The actor's: the session's turns run here, and cancelling it ends the session."""
+        self._inputs: list[tuple[str, int]] = []
+        """Inputs whose turns have not started, with the interrupt count when each came."""
+        self._starting = False
+        # Made when someone waits on them (idle sessions are many: each object counts).
+        self._acked: trio.Event | None = None
+        self._attached: trio.Event | None = None
+        self._detached: trio.Event | None = None
+        self.pending: dict[str, _Pending] = {}
+        self._interrupts = 0
+        self.issued: set[str] = set()
+        self.answered: set[str] = set()
+
+    @property
+    def log_id(self) -> str:
+        return self.proto.session_id
+
+    def flush(self) -> None:
+        """Hand every frame the protocol queued to the current connection, in order.
+
+        Without a connection they are dropped here: every numbered one is in the replay
+        buffer for the resume.
+        """
+        frames = self.proto.take_outbox()
+        link = self.link
+        if link is not None:
+            for frame in frames:
+                link.send(frame)
+
+    # -- the session's life (in the hub's nursery) ----------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the session until it closes or expires: one task and one nursery, which its
+        turns share (the fewer per session, the more sessions fit: bench/load.py)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                session = self._open_session(nursery)
+                try:
+                    task_status.started()
+                    await self._expiry()
+                finally:
+                    session.close("client")  # cancels the nursery: the turns end with it
+        except Exception:  # a bug: the peer learns only that it happened
+            log.exception("session %s failed", self.log_id)
+            if self.proto.in_session:
+                self.proto.error(m.INTERNAL, "internal server error")
+                self.proto.close("server")
+        finally:
+            del self.hub.sessions[self.proto.session_id]
+            if self.proto.in_session:  # cancelled: the server shuts down
+                self.proto.close("shutdown")
+            self.flush()
+            self._drop_link()
+
+    def _open_session(self, nursery: trio.Nursery) -> Session:
+        specs = [
+            ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+            for t in self.hello.tools
+        ]
+        session = Session(
+            self.agent,
+            self.proto.session_id,
+            app_tools=specs,
+            app_host=self,
+            principal=self.principal,
+        )
+        session.run_in(nursery)
+        session.pace = self._pace
+        session.max_open_calls = self.options.max_open_calls
+        session.max_queued_app_calls = self.options.max_queued_app_calls
+        session.listen(self._on_event)  # frames in the engine's own order
+        self.session = session
+        return session
+
+    async def _expiry(self) -> None:
+        """Until the session closes: whenever it is detached, close it (``expired``) if no
+        connection resumes it within the resume window."""
+        proto = self.proto
+        while proto.state != "closed":
+            if proto.state == "detached":
+                self._attached = trio.Event()
+                with trio.move_on_after(self.options.resume_window):
+                    await self._attached.wait()
+                    continue
+                log.info("session %s expired", self.log_id)
+                proto.expire()
+                return
+            self._detached = trio.Event()
+            await self._detached.wait()
+
+    def end(self, reason: str) -> None:
+        """Close the session for good with ``reason`` (``closed`` goes out last)."""
+        self.proto.close(reason)
+        self.flush()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # -- connections (each in the task that accepted it) ----------------------------------------
+
+    def resume(self, hello: m.Hello) -> None:
+        """A new connection resumes the session: the newest wins, the old one is closed."""
+        session = self.session
+        self.proto.resume(hello, session.epoch if session is not None else 0)
+        self._drop_link()
+        _set(self._attached)
+        _set(self._acked)  # the pace check looks again
+
+    async def carry(self, ws: Any) -> None:
+        """Carry the session on ``ws`` until it ends or a newer connection takes over."""
+        link = Link(ws, self)
+        self.link = link
+        self.flush()  # welcome (and the replay, on a resume)
+        if self.proto.ack_due:
+            self.hub.acks.due(self._send_ack)  # the hello; on a resume, everything again
+        try:
+            await link.run()
+        finally:
+            # Cancelled from outside: the server is shutting down (trio-websocket may
+            # already have closed the socket under the reader, so this, not the exception).
+            shutdown = trio.current_effective_deadline() == -math.inf
+            frames = link.pending()
+            if self.link is link:
+                self.link = None
+                proto = self.proto
+                if shutdown and proto.in_session:
+                    proto.close("shutdown")  # said on this connection, before it closes
+                    frames += proto.take_outbox()
+                elif proto.state == "open":  # the connection died under the session
+                    log.info("session %s detached", self.log_id)
+                    proto.drop()
+                    if self.options.resume_window == 0:
+                        proto.expire()
+                        if self._nursery is not None:
+                            self._nursery.cancel_scope.cancel()
+                    else:
+                        _set(self._detached)
+            await send_and_close(ws, frames)
+
+    def _drop_link(self) -> None:
+        """Stop using the current connection: its writer sends what it has, then closes."""
+        link, self.link = self.link, None
+        if link is not None:
+            link.finish()
+
+    def receive(self, frame: str | bytes) -> None:
+        """One frame from the connection carrying the session (past the rate limit)."""
+        proto = self.proto
+        session = self.session
+        assert session is not None
+        acked = proto.acked_by_peer
+        for message in proto.receive(frame):
+            self._act(session, message)
+        self.flush()
+        if proto.ack_due:
+            self.hub.acks.due(self._send_ack)
+        if proto.acked_by_peer != acked:
+            _set(self._acked)
+        if proto.state == "closed":  # the client's ``close``
+            self.end("client")
+
+    async def _pace(self) -> None:
+        """Hold the model while the client is far behind on acks (or detached).
+
+        A connected client that acks nothing for STALL_TIMEOUT seconds while held has
+        stopped reading: the session closes with ``overflow`` (it could never catch up
+        within the buffer). A detached one is waited for until the resume window ends.
+        """
+        proto = self.proto
+        high_water = self.options.high_water
+        while proto.sent_seq - proto.acked_by_peer > high_water and proto.state != "closed":
+            self._acked = trio.Event()
+            if proto.state == "detached":
+                await self._acked.wait()
+                continue
+            with trio.move_on_after(STALL_TIMEOUT):
+                await self._acked.wait()
+                continue
+            self.end("overflow")
+            await trio.lowlevel.checkpoint()
+
+    def _send_ack(self) -> None:
+        if self.proto.send_ack():  # nothing once closed: the timer may call late
+            self.flush()
+
+    # -- session events to frames (a session listener) -----------------------------------------
+
+    def _on_event(self, event: Any) -> None:
+        """A session event to a frame, synchronously (a session listener)."""
+        proto = self.proto
+        if not proto.in_session:
+            return
+        message = message_of(event, tool_stream=m.TOOL_STREAM_V1 in proto.capabilities)
+        if message is not None:
+            cls, fields = message
+            proto.send(cls, **fields)
+        if isinstance(event, ToolStream) and event.kind == "app":
+            if event.phase in TERMINAL_PHASES and self.pending.pop(event.call_id, None) is not None:
+                # Ended without the app's result (interrupt or timeout): the app sees the
+                # terminal phase first, then tool.abort, so the tool learns why it stops.
+                proto.send(m.ToolAbort, call_id=event.call_id)
+        if proto.overflowed:
+            self.end("overflow")
+        self.flush()
+
+    # -- acting on client messages --------------------------------------------------------------
+
+    def _act(self, session: Session, message: Any) -> None:
+        proto = self.proto
+        if isinstance(message, m.Input):
+            session.interrupt()  # barge-in: at once, before the new turn is queued
+            self._inputs.append((message.text, self._interrupts))
+            if not self._starting:
+                self._starting = True
+                assert self._nursery is not None
+                self._nursery.start_soon(self._turns, session)
+        elif isinstance(message, m.Interrupt):
+            self._interrupts += 1
+            session.interrupt(max(message.epoch, session.epoch + 1))
+        elif isinstance(message, m.ToolResultMessage):
+            self._result(message)
+        elif isinstance(message, m.ConfirmReply):
+            if not session.answer_confirmation(message.call_id, message.approved, message.reason):
+                proto.error(
+                    m.UNKNOWN_CALL,
+                    f"no open confirmation for call {message.call_id!r}",
+                    message.seq,
+                )
+
+    async def _turns(self, session: Session) -> None:
+        """Start the waiting inputs' turns one at a time, in arrival order (``start_turn``
+        may wait for a barge-in's turn to end): a task only while inputs wait."""
+        try:
+            while self._inputs:
+                text, generation = self._inputs.pop(0)
+                turn = await session.start_turn(text)
+                if generation != self._interrupts:
+                    turn.interrupt()  # the user interrupted after sending it
+        finally:
+            self._starting = False
+
+    def _result(self, message: m.ToolResultMessage) -> None:
+        call_id = message.call_id
+        pending = self.pending.get(call_id)
+        if pending is None or pending.result is not None:
+            session = self.session
+            if call_id in self.answered:
+                code, text = m.DUPLICATE_RESULT, f"call {call_id!r} already has its result"
+            elif call_id in self.issued and session is not None and message.epoch < session.epoch:
+                code, text = (
+                    m.STALE_EPOCH,
+                    f"call {call_id!r} was interrupted (epoch {session.epoch})",
+                )
+            else:
+                code, text = m.UNKNOWN_CALL, f"no open app call {call_id!r}"
+            self.proto.error(code, text, message.seq)
+            return
+        if message.epoch != pending.epoch:
+            self.proto.error(
+                m.STALE_EPOCH,
+                f"call {call_id!r} runs in epoch {pending.epoch}, not {message.epoch}",
+                message.seq,
+            )
+            return
+        wire = message.result
+        pending.result = (
+            ToolResult.success(wire.output)
+            if wire.ok
+            else ToolResult.failure(ResultCode(wire.code or "FAILED"), wire.message)
+        )
+        pending.done.set()
+        self.answered.add(call_id)
+
+    # -- the app host (vrt._engine.call.AppHost) ------------------------------------------------
+
+    async def run_app(self, call: Call) -> ToolResult:
+        """Send an app call to the client and wait for its ``tool.result``."""
+        call_id = call.call_id
+        pending = _Pending(call.turn.epoch)
+        self.pending[call_id] = pending
+        self.issued.add(call_id)
+        self.proto.send(
+            m.ToolCallMessage,
+            call_id=call_id,
+            turn_id=call.turn.turn_id,
+            epoch=call.turn.epoch,
+            name=call.name,
+            arguments=call.arguments,
+        )
+        self.flush()
+        try:
+            await pending.done.wait()
+        finally:
+            # Without a result (cancelled), ``pending`` stays until the call's terminal
+            # phase, which sends tool.abort after it (``_on_event``).
+            if pending.result is not None:
+                del self.pending[call_id]
+        assert pending.result is not None
+        return pending.result
+
+
+class _Pending:
+    """An app call waiting for the client's ``tool.result``."""
+
+    __slots__ = ("done", "epoch", "result")
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.done = trio.Event()
+        self.result: ToolResult | None = None
+
+
+def _set(event: trio.Event | None) -> None:
+    if event is not None:
+        event.set()

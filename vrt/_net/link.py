@@ -1,0 +1,148 @@
+"""One connection carrying a session: its writer, its reader, the inbound rate limit.
+
+A session outlives its connections; while one carries it, that connection is a
+:class:`Link`. The actor hands it frames in protocol order (:meth:`Link.send`), and one
+writer task sends them, so they leave in that order. The reader (the task that accepted the
+connection) takes each frame through the session's :class:`RateLimit`, then to the actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+from trio_websocket import ConnectionClosed
+
+from vrt._net.pumps import send_frames
+from vrt._wire import messages as m
+
+if TYPE_CHECKING:
+    from vrt._net.actor import SessionActor
+
+log = logging.getLogger("vrt.server")
+
+RATE_CLOSE_AFTER = 5.0
+"""Seconds a connection may stay over its message rate before its session is closed."""
+
+
+class Link:
+    """One connection carrying a session: its frames out, in order, and its reader."""
+
+    __slots__ = ("actor", "frames", "out", "ws")
+
+    def __init__(self, ws: Any, actor: SessionActor) -> None:
+        self.ws = ws
+        self.actor = actor
+        self.out, self.frames = trio.open_memory_channel[str](math.inf)
+
+    @property
+    def current(self) -> bool:
+        """Whether this connection still carries its open session (not replaced, not closed)."""
+        return self.actor.link is self and self.actor.proto.state == "open"
+
+    def send(self, frame: str) -> None:
+        """Queue ``frame`` for the writer."""
+        self.out.send_nowait(frame)
+
+    def finish(self) -> None:
+        """No more frames: the writer sends what it has, then closes the connection."""
+        self.out.close()
+
+    def pending(self) -> list[str]:
+        """The frames the writer did not get to, in order."""
+        frames = []
+        with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            while True:
+                frames.append(self.frames.receive_nowait())
+        return frames
+
+    async def run(self) -> None:
+        """Read and write until the connection ends, or the actor is done with it."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, nursery.cancel_scope)
+            await self._reader()
+            nursery.cancel_scope.cancel()
+
+    async def _writer(self, scope: trio.CancelScope) -> None:
+        if await send_frames(self.frames, self.ws):
+            with trio.move_on_after(5.0):
+                await self.ws.aclose()  # done with it: closed session, or replaced
+        scope.cancel()
+
+    async def _reader(self) -> None:
+        actor = self.actor
+        while True:
+            try:
+                frame = await self.ws.get_message()
+            except ConnectionClosed:
+                return
+            if not self.current:
+                continue  # replaced or closed: drain until the close handshake ends
+            if not await actor.rate.admit(self):
+                continue  # closed for its rate, or replaced or closed while it waited
+            actor.receive(frame)
+
+
+class RateLimit:
+    """A session's inbound rate limit: a token bucket of ``rate`` frames a second, with a
+    second's worth of burst, that outlives the session's connections.
+
+    A frame over it waits for its token, and the reader with it: the peer's frames back up
+    (trio-websocket's queue, then TCP flow control), none is dropped. The first wait of an
+    episode sends ``RATE_LIMITED``; waits that go on for RATE_CLOSE_AFTER seconds close the
+    session (``server``). An episode ends after a second without a wait.
+    """
+
+    __slots__ = ("_limited_at", "_limited_since", "_refill_at", "_tokens", "rate")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._tokens = rate
+        self._refill_at = trio.current_time()
+        self._limited_since: float | None = None
+        self._limited_at = 0.0
+
+    async def admit(self, link: Link) -> bool:
+        """Wait for the token of one frame read on ``link``. False if the frame is not to be
+        processed: the session closed, or ``link`` no longer carries it (a newer
+        connection's reader owns the bucket then)."""
+        rate = self.rate
+        now = trio.current_time()
+        self._tokens = min(rate, self._tokens + (now - self._refill_at) * rate)
+        self._refill_at = now
+        if self._tokens < 1:
+            actor = link.actor
+            if self._limited_since is None or now - self._limited_at > 1.0:
+                self._limited_since = now
+                actor.proto.error(
+                    m.RATE_LIMITED,
+                    f"over {rate:g} messages a second: they are read more slowly "
+                    "until the rate falls",
+                )
+                actor.flush()
+            elif now - self._limited_since > RATE_CLOSE_AFTER:
+                log.info("session %s closed: over its message rate for too long", actor.log_id)
+                actor.end("server")
+                return False
+            await trio.sleep((1 - self._tokens) / rate)
+            if not link.current:
+                return False
+            self._tokens, self._refill_at = 1.0, trio.current_time()
+            self._limited_at = self._refill_at
+        self._tokens -= 1
+        return True
+
+
+async def send_and_close(ws: Any, frames: list[str]) -> None:
+    """Best effort, shielded, bounded: ``frames``, then close the connection."""
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        try:
+            for frame in frames:
+                await ws.send_message(frame)
+            await ws.aclose()
+        except ConnectionClosed:
+            pass
