@@ -36,7 +36,8 @@ from vrt._errors import (
     SessionClosed,
     VrtError,
 )
-from vrt._net.client import Client, connect
+from vrt._net.client import Client
+from vrt._net.dial import connect
 from vrt._net.serve import HandshakeRequest, Refuse, Server, serve
 from vrt.models import Model, ModelRequest, ToolSpec
 from vrt.models._scripted import ScriptedModel, call, pause, say

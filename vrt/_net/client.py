@@ -1,8 +1,9 @@
-"""``vrt.connect``: the vrt/1 client, hosting app tools in the user's app.
+"""The vrt/1 client, hosting app tools in the user's app.
 
 The client pumps a sans-IO :class:`~vrt._wire.client.ClientProtocol`: the epoch gate, the
 CallView of every call and the serial app-tool queue all live there; this module owns the
-socket and the tasks (reader, writer, app runner, acks) and runs the app tools.
+tasks (reader, writer, app runner, acks) and runs the app tools. ``vrt.connect``
+(:mod:`vrt._net.dial`) opens its connections; :func:`open_client` runs it on any.
 """
 
 from __future__ import annotations
@@ -12,19 +13,14 @@ import json
 import logging
 import math
 import random
-import ssl
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import trio
 from trio_websocket import (
     ConnectionClosed,
-    ConnectionRejected,
     HandshakeError,
-    WebSocketConnection,
-    wrap_client_stream,
 )
 
 from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
@@ -37,7 +33,6 @@ from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, Vr
 from vrt._net.pumps import AckTimer, send_frames
 from vrt._wire import messages as m
 from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
-from vrt._wire.server import MAX_MESSAGE_SIZE
 
 log = logging.getLogger("vrt.client")
 
@@ -412,92 +407,6 @@ def _no_progress(progress: Any) -> None:
 
 
 @asynccontextmanager
-async def connect(
-    url: str,
-    tools: Sequence[AppTool] = (),
-    *,
-    capabilities: Sequence[str] = m.CAPABILITIES,
-    max_message_size: int = MAX_MESSAGE_SIZE,
-    headers: Sequence[tuple[str, str]] = (),
-    resume: bool = True,
-    resume_timeout: float = RESUME_TIMEOUT,
-) -> AsyncIterator[Client]:
-    """Connect to a vrt/1 server and open a session, hosting the app ``tools``.
-
-    Raises :class:`~vrt.RemoteProtocolError` if the server refuses the hello (e.g. an app
-    tool named like a server tool: ``TOOL_CONFLICT``) or the upgrade (``HTTP_401``, ...:
-    ``authenticate`` or the origin check). ``headers`` go with every upgrade request (for
-    instance ``[("authorization", "Bearer ...")]``).
-
-    A lost connection is resumed (``resume=True``): the client reconnects with backoff
-    while the app sees :class:`~vrt.Reconnecting`, then :class:`~vrt.Resumed` and the
-    events it missed, in order; a running app tool goes on and its result goes through
-    after the resume. If the server refuses the resume, :class:`~vrt.Closed` with reason
-    ``expired``; if no connection resumes it within ``resume_timeout`` seconds, ``lost``.
-
-    Leaving the block ends the session for good (``close``, then waits up to 5 s for
-    ``closed``; while reconnecting it does not wait); cancelling it closes the connection
-    at once. ``capabilities`` is what this client supports (pass ``()`` to act as a client
-    without ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
-    secure = parts.scheme == "wss"
-    host = parts.hostname
-    port = parts.port or (443 if secure else 80)
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    extra = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in headers]
-
-    @asynccontextmanager
-    async def open_ws() -> AsyncIterator[WebSocketConnection]:
-        # We open (and always close) the TCP stream ourselves: trio-websocket's client
-        # leaves it open when the server ends the connection first.
-        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
-        if secure:
-            stream = await trio.open_ssl_over_tcp_stream(
-                host, port, ssl_context=ssl.create_default_context()
-            )
-        else:
-            stream = await trio.open_tcp_stream(host, port)
-        try:
-            with _rejection_as_error(), single_unwrapped():
-                async with trio.open_nursery() as nursery:
-                    ws = await wrap_client_stream(
-                        nursery,
-                        stream,
-                        host,
-                        resource,
-                        extra_headers=extra,
-                        max_message_size=4 * max_message_size,
-                    )
-                    try:
-                        yield ws
-                    finally:
-                        if ws.closed is None:  # a lost one needs no close handshake
-                            with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-                                scope.shield = True
-                                await ws.aclose()
-                        nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
-
-    with single_unwrapped():
-        async with (
-            open_ws() as ws,
-            open_client(
-                ws,
-                tools,
-                capabilities=capabilities,
-                reconnect=open_ws if resume else None,
-                resume_timeout=resume_timeout,
-            ) as client,
-        ):
-            yield client
-
-
-@asynccontextmanager
 async def open_client(
     ws: Any,
     tools: Sequence[AppTool] = (),
@@ -531,22 +440,6 @@ async def open_client(
                     with trio.move_on_after(CLOSE_TIMEOUT):
                         await client._links_done.wait()
                 nursery.cancel_scope.cancel()
-
-
-@contextlib.contextmanager
-def _rejection_as_error() -> Iterator[None]:
-    """A refused upgrade (HTTP 4xx/5xx: trio-websocket's ConnectionRejected, raised from its
-    reader task, unwrapped from the nursery's group) as RemoteProtocolError
-    ``HTTP_<status>``."""
-    try:
-        yield
-    except ConnectionRejected as exc:
-        body = (exc.body or b"").decode("utf-8", "replace")[:200]
-        raise RemoteProtocolError(
-            f"HTTP_{exc.status_code}",
-            f"the server refused the connection: HTTP {exc.status_code}"
-            + (f" {body}" if body else ""),
-        ) from None
 
 
 class _Lost(Exception):
