@@ -16,7 +16,8 @@ import trio
 
 import vrt
 from vrt._cli import main
-from vrt._demo import EXPECTED, SeenCall, SeenTurn, Timeline, run_demo, seen_turns
+from vrt._cli.demo import EXPECTED, run_demo
+from vrt._cli.timeline import SeenCall, SeenTurn, Timeline, seen_turns
 
 P = vrt.Phase
 LINE = re.compile(r"^ *\+\d+\.\d{3}s  ")  # every timeline line starts with the elapsed time
@@ -235,7 +236,7 @@ async def test_a_stalled_story_is_cut_short(
     autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A story that stops moving is reported, not waited for forever."""
-    monkeypatch.setattr("vrt._demo.PATIENCE", 0.5)  # in the middle of the first turn
+    monkeypatch.setattr("vrt._cli.demo.PATIENCE", 0.5)  # in the middle of the first turn
     out = io.StringIO()
     outcome = await run_demo(out)
     assert not outcome.ok
@@ -348,7 +349,7 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
         async with trio.open_nursery():
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("vrt._cli.run_demo", interrupted)
+    monkeypatch.setattr("vrt._cli.commands.run_demo", interrupted)
     assert main(["demo", "--fast"]) == 130
 
 
@@ -405,7 +406,7 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
     ],
 )
 def test_vrt_serve_bad_target(target: str, message: str) -> None:
-    from vrt._cli import load_agent
+    from vrt._cli.commands import load_agent
 
     with pytest.raises(SystemExit, match=message):
         load_agent(target)

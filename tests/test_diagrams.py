@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vrt import _diagrams
+from vrt._cli import diagrams as _diagrams
 from vrt._cli import main
 from vrt._core.tables import TABLES
 

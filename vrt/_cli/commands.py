@@ -15,7 +15,7 @@ import trio
 
 import vrt
 from vrt import check as vrt_check
-from vrt._demo import FAST, run_demo
+from vrt._cli.demo import FAST, run_demo
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _diagrams(args: argparse.Namespace) -> int:
-    from vrt import _diagrams
+    from vrt._cli import diagrams as _diagrams
 
     folder = Path(args.dir)
     if args.check:
