@@ -48,3 +48,13 @@ def test_check_transcripts_match_the_command() -> None:
     check.main(["--calls", "1", "--drops", "0", "--break", "epoch-gate"], out)
     violation = out.getvalue().split("violation ", 1)[1]
     assert "violation " + violation.rstrip("\n") in README
+
+
+def test_readme_links_point_into_the_clone() -> None:
+    """Every relative link of the README names a file or folder of the project."""
+    root = Path(__file__).parent.parent
+    links = re.findall(r"\]\(([^)#]+)\)", README)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert "docs/protocol.md" in local
+    for link in local:
+        assert (root / link).exists(), link
