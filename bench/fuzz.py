@@ -773,7 +773,7 @@ def verdict(frame: Frame, allowed: Sequence[str], max_size: int | None = None) -
     seq = data.get("seq")
     if type(seq) is float and seq.is_integer():
         seq = int(seq)
-    ref = seq if type(seq) is int and seq >= 0 else None
+    ref = seq if type(seq) is int and 0 <= seq <= 2**53 else None  # as the schemas bound it
     type_ = data.get("type")
     if not isinstance(type_, str) or type_ not in allowed:
         return Verdict(m.UNKNOWN_TYPE, None, ref)
@@ -953,7 +953,7 @@ class ServerDriver(Driver):
     def feed(self, frame: Frame) -> str:
         """Deliver one frame; check everything; return its outcome."""
         proto = self.proto
-        state, received = proto.state, proto.received_seq
+        state, received, sent_before = proto.state, proto.received_seq, proto.sent_seq
         self.last = frame
         got = self.call("ServerProtocol.receive", lambda: proto.receive(frame))
         seq = seq_in(frame)
@@ -976,13 +976,18 @@ class ServerDriver(Driver):
         expect(isinstance(got, list) and len(got) <= 1, what)
         expect(proto.acked_by_peer <= proto.sent_seq, f"acked beyond sent after {what}")
         expect(len(proto.replay) <= proto.replay_limit, f"replay over its bound after {what}")
+        expect(
+            proto.replay_bytes == sum(len(f) for _, f in proto.replay)
+            and proto.replay_bytes <= proto.replay_limit_bytes,
+            f"replay bytes miscounted or over their bound after {what}",
+        )
         expect(proto.received_seq >= received, f"received seq went back after {what}")
         if state == "closed":
             expect(not got and not out, f"anything after closed: {what}")
             return "silent (after closed)"
         self._check_shape(state, received, got, replies, what)
         if self.oracle:
-            self._check_verdict(frame, state, received, got, replies, what)
+            self._check_verdict(frame, state, received, got, replies, what, sent_before)
         if replies and replies[-1]["type"] == "closed":
             return f"closed {replies[-1]['reason']}"
         if replies and replies[0]["type"] == "error":
@@ -1030,8 +1035,10 @@ class ServerDriver(Driver):
         got: list[Any],
         replies: list[Data],
         what: str,
+        sent: int,
     ) -> None:
-        """The answer is the one the oracle (``json`` and jsonschema) expects."""
+        """The answer is the one the oracle (``json`` and jsonschema) expects (``sent``: the
+        last seq the server had sent before the frame)."""
         v = verdict(frame, CLIENT_TYPE_NAMES, self.max_size)
         codes = [r["code"] for r in replies if r["type"] == "error"]
         refs = [r.get("ref") for r in replies if r["type"] == "error"]
@@ -1045,7 +1052,8 @@ class ServerDriver(Driver):
             return
         expect(not set(codes) & {m.TOO_LARGE, m.BAD_JSON, m.UNKNOWN_TYPE}, f"valid: {what}")
         if v.type == "ack":
-            expect(not got and not replies, what)
+            above = v.seq is not None and v.seq > sent  # acks what was never sent
+            expect(not got and codes == ([m.BAD_MESSAGE] if above else []), what)
         elif state == "handshaking" and v.type != "hello":
             expect(codes == [m.BAD_STATE] and refs == [v.seq], what)
         elif state == "handshaking":

@@ -251,15 +251,19 @@ def test_the_error_of_a_huge_array_takes_little_time(
     assert elapsed < 1.0
 
 
-def test_an_ack_beyond_what_was_sent_is_ignored() -> None:
+def test_an_ack_beyond_what_was_sent_is_ignored_and_answered() -> None:
     """An ack of a seq never sent was taken: every later, true ack was below it, so the
-    replay buffer was never trimmed again (the session overflowed 10,000 messages later)."""
+    replay buffer was never trimmed again (the session overflowed 10,000 messages later).
+    It is ignored, and answered as the protocol error it is (BAD_MESSAGE)."""
     server = _server()  # it sent the welcome, seq 1
-    for bogus in (2, 10**9):
+    for bogus in (3, 10**9):
         assert server.receive(json.dumps({"type": "ack", "seq": bogus})) == []
-        assert server.acked_by_peer == 0 and len(server.replay) == 1
-    server.receive(json.dumps({"type": "ack", "seq": 1}))
-    assert server.acked_by_peer == 1 and not server.replay
+        assert server.acked_by_peer == 0
+        (error,) = server.take_outbox()
+        assert json.loads(error)["code"] == "BAD_MESSAGE" and "above" in error
+    assert len(server.replay) == 3  # the welcome and the two errors
+    server.receive(json.dumps({"type": "ack", "seq": 3}))
+    assert server.acked_by_peer == 3 and not server.replay
     assert server.take_outbox() == []
     # before hello as well, and on the client
     fresh = _server(open_=False)

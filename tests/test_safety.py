@@ -361,17 +361,26 @@ async def test_the_handshake_timeout() -> None:
     assert peer.frames == []
 
 
-def test_bad_limits_are_refused() -> None:
-    for option in (
-        "max_sessions",
-        "max_open_calls",
-        "max_messages_per_second",
-        "handshake_timeout",
-    ):
-        with pytest.raises(ValueError, match=f"{option} must be positive"):
-            trio.run(functools.partial(vrt.serve, chat_agent(), port=0, **{option: 0}))
-    with pytest.raises(ValueError, match="resume_window must not be negative"):
-        trio.run(functools.partial(vrt.serve, chat_agent(), port=0, resume_window=-1))
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("max_sessions", 0, "max_sessions must be a whole number of at least 1"),
+        ("max_sessions", 2.5, "max_sessions must be a whole number of at least 1"),
+        ("max_open_calls", -1, "max_open_calls must be a whole number of at least 1"),
+        ("max_pending_connections", 0, "max_pending_connections must be a whole number"),
+        ("max_sessions_per_peer", 0, "max_sessions_per_peer must be a whole number"),
+        ("replay_limit_bytes", 0, "replay_limit_bytes must be a whole number"),
+        ("max_messages_per_second", 0, "max_messages_per_second must be positive"),
+        ("handshake_timeout", 0, "handshake_timeout must be positive"),
+        ("first_turn_timeout", float("nan"), "first_turn_timeout must be positive"),
+        ("resume_window", -1, "resume_window must not be negative"),
+        ("max_message_size", 0, "max_message_size must be an integer of at least 1024"),
+        ("max_message_size", 1023, "max_message_size must be an integer of at least 1024"),
+    ],
+)
+def test_bad_limits_are_refused(option: str, value: Any, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        trio.run(functools.partial(vrt.serve, chat_agent(), port=0, **{option: value}))
 
 
 # -- authentication and origins ------------------------------------------------------------------

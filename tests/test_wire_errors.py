@@ -838,30 +838,29 @@ def _input_of_size(seq: int, size: int, char: str = "x") -> str:
     return frame
 
 
-async def test_frame_over_the_limit_is_too_large_and_the_session_goes_on() -> None:
+async def test_frame_over_the_limit_in_bytes_is_too_large_and_the_session_goes_on() -> None:
+    """The limit counts UTF-8 bytes: a frame within it in characters (what the WebSocket
+    layer measures) but over it in bytes is answered TOO_LARGE, and the session goes on."""
     async with serving(chat_agent(), max_message_size=LIMIT) as server, session(server) as peer:
-        await peer.send_raw(_input_of_size(peer.next_seq(), 2 * LIMIT))
-        error = await peer.expect_error("TOO_LARGE", None)
-        assert error["seq"] == peer.server_seq == 2
-        # bytes count, not characters: 2-byte characters put this one over
-        frame = _input_of_size(peer.next_seq(), LIMIT + 2, "é")
-        assert len(frame) < LIMIT
-        await peer.send_raw(frame)
-        await peer.expect_error("TOO_LARGE", None)
-        await peer.send_raw(_input_of_size(peer.next_seq(), LIMIT + 1))
-        await peer.expect_error("TOO_LARGE", None)
+        # 2-byte characters put these over
+        for size in (LIMIT + 2, 2 * LIMIT - 200):
+            frame = _input_of_size(peer.next_seq(), size, "é")
+            assert len(frame) <= LIMIT
+            await peer.send_raw(frame)
+            await peer.expect_error("TOO_LARGE", None)
+        assert peer.errors[0]["seq"] == peer.server_seq - 1 == 2
         # exactly the limit is fine
         await peer.send_raw(_input_of_size(peer.next_seq(), LIMIT))
         started = await peer.until(lambda f: f["type"] == "turn.started")
         ended = await peer.until(lambda f: f["type"] == "turn.ended")
         assert ended["turnId"] == started["turnId"] and ended["reason"] == "finished"
         await peer.works()
-        assert [e["code"] for e in peer.errors] == ["TOO_LARGE"] * 3
+        assert [e["code"] for e in peer.errors] == ["TOO_LARGE"] * 2
 
 
 async def test_frame_over_the_limit_before_hello_gets_seq_0() -> None:
     async with serving(chat_agent(), max_message_size=LIMIT) as server, connected(server) as peer:
-        await peer.send_raw(_input_of_size(1, 2 * LIMIT))
+        await peer.send_raw(_input_of_size(1, LIMIT + 2, "é"))
         error = await peer.expect_error("TOO_LARGE", None)
         assert error["seq"] == 0
         await peer.hello()
@@ -871,14 +870,22 @@ async def test_frame_over_the_limit_before_hello_gets_seq_0() -> None:
 @pytest.mark.parametrize(
     "size",
     [
+        pytest.param(LIMIT + 1, id="one-over"),
         pytest.param(4 * LIMIT + 1000, id="just-over-4x"),
         pytest.param(100 * LIMIT, id="100x"),
     ],
 )
-async def test_frame_over_4x_the_limit_closes_with_1009_and_the_server_goes_on(size: int) -> None:
+@pytest.mark.parametrize("when", ["in-session", "before-hello"])
+async def test_frame_over_the_limit_in_characters_closes_with_1009_and_the_server_goes_on(
+    size: int, when: str
+) -> None:
+    """The WebSocket layer buffers no frame over the limit: it closes the connection with
+    1009 (an unfinished frame holds at most the limit)."""
     async with serving(chat_agent(), max_message_size=LIMIT) as server:
         async with session(server) as bystander:
-            async with session(server) as peer:
+            async with connected(server) as peer:
+                if when == "in-session":
+                    await peer.hello()
                 await peer.send_raw(_input_of_size(peer.next_seq(), size))
                 closed = await peer.expect_disconnect()
                 assert closed.reason is not None and closed.reason.code == 1009, closed.reason

@@ -22,6 +22,7 @@ from vrt._core.events import TERMINAL_PHASES, ToolStream
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.call import Call
 from vrt._engine.session import Session
+from vrt._errors import SessionClosed
 from vrt._net.frames import message_of
 from vrt._net.link import Link, RateLimit, send_and_close
 from vrt._wire import messages as m
@@ -29,6 +30,7 @@ from vrt._wire.server import ServerProtocol
 from vrt.models import ToolSpec
 
 if TYPE_CHECKING:
+    from vrt._net.accept import GuardedStream
     from vrt._net.hub import Hub
 
 log = logging.getLogger("vrt.server")
@@ -40,8 +42,12 @@ STALL_TIMEOUT = 30.0
 class SessionActor:
     """One session's actor: the protocol pumped, the session driven, across connections."""
 
-    def __init__(self, hub: Hub, proto: ServerProtocol, hello: m.Hello, principal: Any) -> None:
+    def __init__(
+        self, hub: Hub, proto: ServerProtocol, hello: m.Hello, principal: Any, peer: Any
+    ) -> None:
         self.hub = hub
+        self.peer = peer
+        """Whom ``max_sessions_per_peer`` counts this session for."""
         self.agent = hub.agent
         self.options = hub.options
         self.proto = proto
@@ -55,6 +61,8 @@ class SessionActor:
         self._inputs: list[tuple[str, int]] = []
         """Inputs whose turns have not started, with the interrupt count when each came."""
         self._starting = False
+        self._turned = False
+        """A turn was asked for (an ``input``): the first-turn limit no longer applies."""
         # Made when someone waits on them (idle sessions are many: each object counts).
         self._acked: trio.Event | None = None
         self._attached: trio.Event | None = None
@@ -72,13 +80,38 @@ class SessionActor:
         """Hand every frame the protocol queued to the current connection, in order.
 
         Without a connection they are dropped here: every numbered one is in the replay
-        buffer for the resume.
+        buffer for the resume. A replay buffer or a connection backlog over its bound
+        closes the session (``overflow``).
         """
-        frames = self.proto.take_outbox()
+        proto = self.proto
+        frames = proto.take_outbox()
         link = self.link
         if link is not None:
             for frame in frames:
                 link.send(frame)
+            if link.backlog > self.options.replay_limit_bytes and proto.in_session:
+                self._overflow(f"{link.backlog} bytes the client has not read")
+                return
+        if proto.overflowed and proto.in_session:
+            self._overflow("the replay buffer is full")
+
+    def _overflow(self, why: str) -> None:
+        """Close the session (``overflow``). A connection whose writer is stuck behind
+        frames the client does not read is dropped at once (its socket holds what it did not
+        read); one that still drains takes ``closed`` like any other close."""
+        log.info("session %s closed (overflow): %s", self.log_id, why)
+        link = self.link
+        if link is not None and link.backlog > self.options.high_water_bytes:
+            self.link = None
+            link.abort()
+        self.end("overflow")
+
+    def written(self) -> None:
+        """The writer sent a frame: a model held for the backlog may go on."""
+        if self._acked is not None:
+            link = self.link
+            if link is None or link.backlog <= self.options.high_water_bytes:
+                _set(self._acked)
 
     # -- the session's life (in the hub's nursery) ----------------------------------------------
 
@@ -100,7 +133,7 @@ class SessionActor:
                 self.proto.error(m.INTERNAL, "internal server error")
                 self.proto.close("server")
         finally:
-            del self.hub.sessions[self.proto.session_id]
+            self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
             self.flush()
@@ -128,19 +161,28 @@ class SessionActor:
 
     async def _expiry(self) -> None:
         """Until the session closes: whenever it is detached, close it (``expired``) if no
-        connection resumes it within the resume window."""
+        connection resumes it within the resume window; and close it (``expired``) if no
+        turn was asked for within ``first_turn_timeout`` of its start."""
         proto = self.proto
+        idle_until = trio.current_time() + self.options.first_turn_timeout
         while proto.state != "closed":
             if proto.state == "detached":
                 self._attached = trio.Event()
-                with trio.move_on_after(self.options.resume_window):
+                window = trio.current_time() + self.options.resume_window
+                with trio.move_on_at(window if self._turned else min(window, idle_until)):
                     await self._attached.wait()
                     continue
                 log.info("session %s expired", self.log_id)
                 proto.expire()
                 return
             self._detached = trio.Event()
-            await self._detached.wait()
+            with trio.move_on_at(math.inf if self._turned else idle_until):
+                await self._detached.wait()
+                continue
+            if not self._turned:
+                log.info("session %s closed: no turn within first_turn_timeout", self.log_id)
+                self.end("expired")
+                return
 
     def end(self, reason: str) -> None:
         """Close the session for good with ``reason`` (``closed`` goes out last)."""
@@ -159,9 +201,10 @@ class SessionActor:
         _set(self._attached)
         _set(self._acked)  # the pace check looks again
 
-    async def carry(self, ws: Any) -> None:
-        """Carry the session on ``ws`` until it ends or a newer connection takes over."""
-        link = Link(ws, self)
+    async def carry(self, ws: Any, stream: GuardedStream | None = None) -> None:
+        """Carry the session on ``ws`` (over ``stream``, if it has a TCP stream of its own)
+        until it ends or a newer connection takes over."""
+        link = Link(ws, self, stream)
         self.link = link
         self.flush()  # welcome (and the replay, on a resume)
         if self.proto.ack_due:
@@ -213,15 +256,17 @@ class SessionActor:
             self.end("client")
 
     async def _pace(self) -> None:
-        """Hold the model while the client is far behind on acks (or detached).
+        """Hold the model while the client is far behind (or detached): unacked messages
+        over the high water mark, or unacked or unwritten bytes over 40 % of
+        ``replay_limit_bytes``.
 
-        A connected client that acks nothing for STALL_TIMEOUT seconds while held has
-        stopped reading: the session closes with ``overflow`` (it could never catch up
-        within the buffer). A detached one is waited for until the resume window ends.
+        A connected client that makes no progress (acks nothing, reads nothing) for
+        STALL_TIMEOUT seconds while held has stopped reading: the session closes with
+        ``overflow`` (it could never catch up within the buffer). A detached one is waited
+        for until the resume window ends.
         """
         proto = self.proto
-        high_water = self.options.high_water
-        while proto.sent_seq - proto.acked_by_peer > high_water and proto.state != "closed":
+        while self._behind() and proto.state != "closed":
             self._acked = trio.Event()
             if proto.state == "detached":
                 await self._acked.wait()
@@ -229,8 +274,18 @@ class SessionActor:
             with trio.move_on_after(STALL_TIMEOUT):
                 await self._acked.wait()
                 continue
-            self.end("overflow")
+            self._overflow(f"no progress for {STALL_TIMEOUT:g} s while held")
             await trio.lowlevel.checkpoint()
+
+    def _behind(self) -> bool:
+        proto = self.proto
+        options = self.options
+        link = self.link
+        return (
+            proto.sent_seq - proto.acked_by_peer > options.high_water
+            or proto.replay_bytes > options.high_water_bytes
+            or (link is not None and link.backlog > options.high_water_bytes)
+        )
 
     def _send_ack(self) -> None:
         if self.proto.send_ack():  # nothing once closed: the timer may call late
@@ -252,8 +307,6 @@ class SessionActor:
                 # Ended without the app's result (interrupt or timeout): the app sees the
                 # terminal phase first, then tool.abort, so the tool learns why it stops.
                 proto.send(m.ToolAbort, call_id=event.call_id)
-        if proto.overflowed:
-            self.end("overflow")
         self.flush()
 
     # -- acting on client messages --------------------------------------------------------------
@@ -261,6 +314,7 @@ class SessionActor:
     def _act(self, session: Session, message: Any) -> None:
         proto = self.proto
         if isinstance(message, m.Input):
+            self._turned = True
             session.interrupt()  # barge-in: at once, before the new turn is queued
             self._inputs.append((message.text, self._interrupts))
             if not self._starting:
@@ -289,6 +343,8 @@ class SessionActor:
                 turn = await session.start_turn(text)
                 if generation != self._interrupts:
                     turn.interrupt()  # the user interrupted after sending it
+        except SessionClosed:
+            self._inputs.clear()  # closed while they waited (the client's close): no turns
         finally:
             self._starting = False
 

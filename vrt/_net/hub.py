@@ -12,16 +12,19 @@ import contextlib
 import hmac
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import trio
-from trio_websocket import ConnectionClosed
+from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from vrt._engine.agent import Agent
+from vrt._net.accept import Accepting, GuardedStream
 from vrt._net.actor import SessionActor
 from vrt._net.link import send_and_close
 from vrt._net.options import Options
 from vrt._net.pumps import AckTimer
+from vrt._net.upgrade import open_to_messages, upgrade
 from vrt._wire import messages as m
 from vrt._wire.server import ServerProtocol
 
@@ -32,26 +35,95 @@ class Hub:
     """The sessions of one server, which outlive their connections while resumable.
 
     Each session's actor runs in the hub's nursery; each connection is served by the task
-    that accepted it (:meth:`serve_connection`), attached to one session at a time.
+    that accepted it (:meth:`handle_stream`, :meth:`serve_connection`), attached to one
+    session at a time.
     """
 
-    def __init__(self, agent: Agent, options: Options, nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        options: Options,
+        nursery: trio.Nursery,
+        accepting: Accepting | None = None,
+    ) -> None:
         self.agent = agent
         self.options = options
         self.nursery = nursery
+        self.accepting = accepting or Accepting(options.max_pending_connections)
         self.sessions: dict[str, SessionActor] = {}
+        self.by_peer: dict[Any, int] = {}
+        """Live sessions per peer (principal, or remote address without a principal)."""
         self.acks = AckTimer()
         """Every session's ack timer: one task for the server."""
         nursery.start_soon(self.acks.run)
 
-    async def serve_connection(self, ws: Any, principal: Any = None) -> None:
-        """Serve one connection: its handshake, then the session it opens or resumes, until
-        the connection ends (or a newer one takes the session over).
+    async def handle_stream(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted TCP connection (counted in :attr:`accepting`): its upgrade and
+        its ``hello`` within ``handshake_timeout`` of the accept, then its session.
+
+        A peer that leaves before the upgrade is done is forgotten at once; one that is too
+        slow is cut off (its socket reset) at the deadline.
+        """
+        guarded = GuardedStream(stream)
+        deadline = trio.current_time() + self.options.handshake_timeout
+        counted = [True]
+        late = False
+
+        def handshake_done() -> None:
+            if counted[0]:
+                counted[0] = False
+                self.accepting.done()
+
+        try:
+            async with trio.open_nursery() as nursery:  # trio-websocket's reader task
+                upgraded = None
+                with trio.move_on_at(deadline) as scope:
+                    guarded.on_close = scope.cancel
+                    upgraded = await upgrade(nursery, guarded, self.options)
+                    guarded.on_close = None
+                late = scope.cancelled_caught and not guarded.gone
+                if upgraded is not None:
+                    ws, principal = upgraded
+                    await self.serve_connection(
+                        ws,
+                        principal,
+                        peer=_peer(principal, stream),
+                        deadline=deadline,
+                        stream=guarded,
+                        handshake_done=handshake_done,
+                    )
+                elif late:
+                    log.debug("%s: no upgrade within the handshake timeout", _address(stream))
+                nursery.cancel_scope.cancel()
+        finally:
+            handshake_done()
+            if guarded.gone or guarded.aborted or late:
+                guarded.abort()  # nothing more to say: free the descriptor now
+            else:
+                with trio.CancelScope(shield=True):
+                    await guarded.aclose()
+
+    async def serve_connection(
+        self,
+        ws: Any,
+        principal: Any = None,
+        *,
+        peer: Any = ("address", "local"),
+        deadline: float | None = None,
+        stream: GuardedStream | None = None,
+        handshake_done: Callable[[], None] | None = None,
+    ) -> None:
+        """Serve one upgraded connection: its ``hello`` (by ``deadline``: by default
+        ``handshake_timeout`` from now), then the session it opens or resumes, until the
+        connection ends (or a newer one takes the session over).
 
         ``ws`` is a trio-websocket connection or anything with its ``get_message``,
-        ``send_message`` and ``aclose`` (the memory pair of :mod:`vrt.testing`).
+        ``send_message`` and ``aclose`` (the memory pair of :mod:`vrt.testing`); ``stream``
+        its TCP stream, if it has one (torn down at once when the session overflows).
         """
         options = self.options
+        if deadline is None:
+            deadline = trio.current_time() + options.handshake_timeout
         proto = ServerProtocol(
             session_id=f"s_{secrets.token_hex(8)}",
             resume_token=secrets.token_urlsafe(32),  # 256 random bits
@@ -59,12 +131,15 @@ class Hub:
             capabilities=options.capabilities,
             max_message_size=options.max_message_size,
             replay_limit=options.replay_limit,
-            admit=lambda: len(self.sessions) < options.max_sessions,
+            replay_limit_bytes=options.replay_limit_bytes,
+            admit=lambda: self._admits(peer),
         )
         try:
             hello = None
-            with trio.move_on_after(options.handshake_timeout):
+            with trio.move_on_at(deadline):
                 hello = await _handshake(ws, proto)
+            if handshake_done is not None:
+                handshake_done()
             if hello is None:
                 await send_and_close(ws, proto.take_outbox())
                 return
@@ -74,16 +149,45 @@ class Hub:
                     await send_and_close(ws, proto.take_outbox())
                     return
             else:
-                actor = SessionActor(self, proto, hello, principal)
+                actor = SessionActor(self, proto, hello, principal, peer)
                 self.sessions[proto.session_id] = actor
+                self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+                log.info("session %s opened for %s", proto.session_id, _shown(peer))
                 await self.nursery.start(actor.run)
-            await actor.carry(ws)
+            if isinstance(ws, WebSocketConnection):
+                open_to_messages(ws, options.max_message_size)
+            await actor.carry(ws, stream)
         except Exception:  # a bug must cost one connection, never the server
             log.exception("connection failed")
             with trio.move_on_after(1.0) as scope:
                 scope.shield = True
                 with contextlib.suppress(ConnectionClosed):
                     await ws.aclose()
+
+    def _admits(self, peer: Any) -> bool:
+        """Whether a new session of ``peer`` fits under ``max_sessions`` and
+        ``max_sessions_per_peer``."""
+        options = self.options
+        if len(self.sessions) >= options.max_sessions:
+            log.info("refused a session: at max_sessions (%d)", options.max_sessions)
+            return False
+        if self.by_peer.get(peer, 0) >= options.max_sessions_per_peer:
+            log.info(
+                "refused a session of %s: at max_sessions_per_peer (%d)",
+                _shown(peer),
+                options.max_sessions_per_peer,
+            )
+            return False
+        return True
+
+    def closed(self, actor: SessionActor) -> None:
+        """``actor``'s session is over: its place is free."""
+        del self.sessions[actor.proto.session_id]
+        left = self.by_peer[actor.peer] - 1
+        if left:
+            self.by_peer[actor.peer] = left
+        else:
+            del self.by_peer[actor.peer]
 
     def _resume(self, hello: m.Hello, proto: ServerProtocol, principal: Any) -> SessionActor | None:
         """The session ``hello`` resumes, now attached; None (refused on ``proto``) if the
@@ -127,3 +231,30 @@ async def _handshake(ws: Any, proto: ServerProtocol) -> m.Hello | None:
             except ConnectionClosed:
                 return None
     return None
+
+
+def _address(stream: trio.SocketStream) -> str:
+    """The peer's IP address (without the port: one machine is one peer)."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except OSError:
+        return "unknown"
+
+
+def _peer(principal: Any, stream: trio.SocketStream) -> tuple[str, Any]:
+    """Who ``max_sessions_per_peer`` counts a session for: the principal ``authenticate``
+    gave, else the remote address."""
+    if principal is None:
+        return ("address", _address(stream))
+    try:
+        hash(principal)
+    except TypeError:
+        return ("principal", repr(principal))
+    return ("principal", principal)
+
+
+def _shown(peer: Any) -> str:
+    """A peer as the log shows it: its address, never a principal (it may be a secret)."""
+    if isinstance(peer, tuple) and peer[0] == "address":
+        return str(peer[1])
+    return "a principal" if isinstance(peer, tuple) else str(peer)

@@ -20,23 +20,38 @@ from vrt._net.pumps import send_frames
 from vrt._wire import messages as m
 
 if TYPE_CHECKING:
+    from vrt._net.accept import GuardedStream
     from vrt._net.actor import SessionActor
 
 log = logging.getLogger("vrt.server")
 
 RATE_CLOSE_AFTER = 5.0
 """Seconds a connection may stay over its message rate before its session is closed."""
+FINISH_TIMEOUT = 5.0
+"""Seconds a connection the session is done with has to take its last frames and close."""
 
 
 class Link:
-    """One connection carrying a session: its frames out, in order, and its reader."""
+    """One connection carrying a session: its frames out, in order, and its reader.
 
-    __slots__ = ("actor", "frames", "out", "ws")
+    :attr:`backlog` counts the bytes queued and not yet written: a peer that stops reading
+    (or acks what it never read) shows here, and the actor holds the model, then closes the
+    session, on it. Once finished (the session closed, or a newer connection took it), the
+    connection gets FINISH_TIMEOUT seconds to take what is queued and close; then, or at
+    once on :meth:`abort`, its socket is reset, whatever the peer does.
+    """
 
-    def __init__(self, ws: Any, actor: SessionActor) -> None:
+    __slots__ = ("aborted", "actor", "backlog", "frames", "out", "scope", "stream", "ws")
+
+    def __init__(self, ws: Any, actor: SessionActor, stream: GuardedStream | None = None) -> None:
         self.ws = ws
         self.actor = actor
+        self.stream = stream
         self.out, self.frames = trio.open_memory_channel[str](math.inf)
+        self.backlog = 0
+        """Bytes queued for the writer and not yet written."""
+        self.scope = trio.CancelScope()
+        self.aborted = False
 
     @property
     def current(self) -> bool:
@@ -46,29 +61,49 @@ class Link:
     def send(self, frame: str) -> None:
         """Queue ``frame`` for the writer."""
         self.out.send_nowait(frame)
+        self.backlog += len(frame)
+
+    def _sent(self, frame: str) -> None:
+        self.backlog -= len(frame)
+        self.actor.written()
 
     def finish(self) -> None:
-        """No more frames: the writer sends what it has, then closes the connection."""
+        """No more frames: the writer sends what it has, then closes the connection, within
+        FINISH_TIMEOUT seconds."""
         self.out.close()
+        self.scope.deadline = min(self.scope.deadline, trio.current_time() + FINISH_TIMEOUT)
+
+    def abort(self) -> None:
+        """Drop the connection now: nothing more is written, the socket is reset."""
+        self.aborted = True
+        self.out.close()
+        self.scope.cancel()
+        if self.stream is not None:
+            self.stream.abort()
 
     def pending(self) -> list[str]:
-        """The frames the writer did not get to, in order."""
+        """The frames the writer did not get to, in order (none once aborted)."""
         frames = []
         with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            while True:
+            while not self.aborted:
                 frames.append(self.frames.receive_nowait())
         return frames
 
     async def run(self) -> None:
-        """Read and write until the connection ends, or the actor is done with it."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._writer, nursery.cancel_scope)
-            await self._reader()
-            nursery.cancel_scope.cancel()
+        """Read and write until the connection ends, the actor is done with it, or the
+        finish deadline passes."""
+        with self.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, nursery.cancel_scope)
+                await self._reader()
+                nursery.cancel_scope.cancel()
+        if self.scope.cancelled_caught and not self.aborted:
+            log.info("session %s: connection too slow to finish, reset", self.actor.log_id)
+            self.abort()
 
     async def _writer(self, scope: trio.CancelScope) -> None:
-        if await send_frames(self.frames, self.ws):
-            with trio.move_on_after(5.0):
+        if await send_frames(self.frames, self.ws, self._sent):
+            with trio.move_on_after(FINISH_TIMEOUT):
                 await self.ws.aclose()  # done with it: closed session, or replaced
         scope.cancel()
 

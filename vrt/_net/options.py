@@ -19,6 +19,12 @@ MAX_OPEN_CALLS = 64
 MAX_QUEUED_APP_CALLS = 32
 MAX_MESSAGES_PER_SECOND = 100.0
 HANDSHAKE_TIMEOUT = 10.0
+MAX_PENDING_CONNECTIONS = 256
+MAX_SESSIONS_PER_PEER = 20
+FIRST_TURN_TIMEOUT = 300.0
+REPLAY_LIMIT_BYTES = 2 * 1024 * 1024
+MIN_MESSAGE_SIZE = 1024
+"""The smallest ``max_message_size``: every frame the server makes itself must fit."""
 
 
 @attrs.frozen(kw_only=True)
@@ -33,7 +39,11 @@ class Options:
     max_queued_app_calls: int = MAX_QUEUED_APP_CALLS
     max_messages_per_second: float = MAX_MESSAGES_PER_SECOND
     replay_limit: int = REPLAY_LIMIT
+    replay_limit_bytes: int = REPLAY_LIMIT_BYTES
     handshake_timeout: float = HANDSHAKE_TIMEOUT
+    max_pending_connections: int = MAX_PENDING_CONNECTIONS
+    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
+    first_turn_timeout: float = FIRST_TURN_TIMEOUT
     authenticate: Any = None
     """``async (vrt.HandshakeRequest) -> principal`` (see ``vrt.serve``), or None."""
     allowed_origins: frozenset[str] | None = None
@@ -43,16 +53,23 @@ class Options:
         """Unacked messages at which the model is held: well under the replay bound."""
         return max(1, min(HIGH_WATER, self.replay_limit * 2 // 5))
 
+    @property
+    def high_water_bytes(self) -> int:
+        """Unacked (or unwritten) bytes at which the model is held: 40 % of the bound."""
+        return max(1, self.replay_limit_bytes * 2 // 5)
 
-def positive(name: str, value: float) -> Any:
-    """``value`` if it is above 0; ValueError naming ``name`` if not."""
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, not {value!r}")
+
+def count(name: str, value: object) -> int:
+    """``value`` if it is a whole number of at least 1; ValueError naming ``name`` if not."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
     return value
 
 
-def non_negative(name: str, value: float) -> float:
-    """``value`` if it is 0 or more; ValueError naming ``name`` if not."""
-    if not value >= 0:
-        raise ValueError(f"{name} must not be negative, not {value!r}")
-    return value
+def positive_number(name: str, value: object, *, zero: bool = False) -> float:
+    """``value`` if it is a positive number (or 0, with ``zero``); ValueError if not."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not (value >= 0 if zero else value > 0):  # type: ignore[operator]
+        rule = "must not be negative" if zero else "must be positive"
+        raise ValueError(f"{name} {rule}, not {value!r}")
+    return float(value)  # type: ignore[arg-type]

@@ -12,9 +12,13 @@ from trio_websocket import ConnectionClosed
 log = logging.getLogger("vrt")
 
 
-async def send_frames(frames: trio.MemoryReceiveChannel[str], ws: Any) -> bool:
+async def send_frames(
+    frames: trio.MemoryReceiveChannel[str],
+    ws: Any,
+    sent: Callable[[str], object] | None = None,
+) -> bool:
     """Send every frame from ``frames`` on ``ws`` until the channel closes (True) or the
-    connection does (False).
+    connection does (False); ``sent(frame)`` after each one.
 
     The one writer of a connection, so frames leave in the order they were queued. Frames
     already queued go out without a scheduler pass each (a pass per frame cost ~10 us).
@@ -33,6 +37,8 @@ async def send_frames(frames: trio.MemoryReceiveChannel[str], ws: Any) -> bool:
             await ws.send_message(frame)
         except ConnectionClosed:
             return False
+        if sent is not None:
+            sent(frame)
 
 
 ACK_INTERVAL = 0.2

@@ -1,39 +1,45 @@
 """``vrt.serve``: the vrt/1 WebSocket server.
 
-:func:`serve` listens and checks each upgrade request (origin, ``authenticate``); the
-:class:`~vrt._net.hub.Hub` takes the accepted connections, opens or resumes their sessions,
-and hosts one :class:`~vrt._net.actor.SessionActor` per session. A bad peer gets ``error``
-frames, or is dropped; the server itself never goes down for it.
+:func:`serve` listens and accepts (:mod:`vrt._net.accept`); the :class:`~vrt._net.hub.Hub`
+takes each connection through its upgrade (:mod:`vrt._net.upgrade`) and ``hello``, opens or
+resumes its session, and hosts one :class:`~vrt._net.actor.SessionActor` per session. A bad
+peer gets ``error`` frames, or is dropped; the server itself never goes down for it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any, NoReturn
+from collections.abc import Collection
+from typing import NoReturn
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, WebSocketServer
 
 from vrt._engine.agent import Agent
+from vrt._net.accept import Accepting, accept_loop
 from vrt._net.hub import Hub
 from vrt._net.options import (
+    FIRST_TURN_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     MAX_MESSAGES_PER_SECOND,
     MAX_OPEN_CALLS,
+    MAX_PENDING_CONNECTIONS,
     MAX_QUEUED_APP_CALLS,
     MAX_SESSIONS,
+    MAX_SESSIONS_PER_PEER,
+    MIN_MESSAGE_SIZE,
+    REPLAY_LIMIT_BYTES,
     RESUME_WINDOW,
     Options,
-    non_negative,
-    positive,
+    count,
+    positive_number,
 )
+from vrt._net.upgrade import Authenticate, HandshakeRequest, Refuse
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT
 from vrt._wire.server import MAX_MESSAGE_SIZE
+
+__all__ = ["HandshakeRequest", "Refuse", "Server", "serve"]
 
 log = logging.getLogger("vrt.server")
 
@@ -53,37 +59,6 @@ class Server:
         return f"ws://{host}:{self.port}/"
 
 
-@attrs.frozen(kw_only=True)
-class HandshakeRequest:
-    """What ``authenticate`` sees of a WebSocket upgrade request."""
-
-    path: str
-    """The requested resource, with its query string (``/agent?room=7``)."""
-    headers: tuple[tuple[str, str], ...]
-    """Every header as ``(name, value)``, names lower-case, in the order sent."""
-    remote: str
-    """The peer's address as ``host:port`` (behind a proxy: the proxy's)."""
-
-    def header(self, name: str) -> str | None:
-        """The first value of header ``name`` (any case), or None."""
-        name = name.lower()
-        return next((value for key, value in self.headers if key == name), None)
-
-
-class Refuse(Exception):
-    """Raise from ``authenticate`` to refuse the WebSocket upgrade with an HTTP ``status``."""
-
-    def __init__(self, status: int = 403, reason: str = "forbidden") -> None:
-        if not 400 <= status <= 599:
-            raise ValueError(f"status must be an HTTP 4xx or 5xx code, not {status}")
-        super().__init__(f"{status} {reason}")
-        self.status = status
-        self.reason = reason
-
-
-Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
-
-
 async def serve(
     agent: Agent,
     host: str = "127.0.0.1",
@@ -97,7 +72,11 @@ async def serve(
     max_queued_app_calls: int = MAX_QUEUED_APP_CALLS,
     max_messages_per_second: float = MAX_MESSAGES_PER_SECOND,
     replay_limit: int = REPLAY_LIMIT,
+    replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    max_pending_connections: int = MAX_PENDING_CONNECTIONS,
+    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER,
+    first_turn_timeout: float = FIRST_TURN_TIMEOUT,
     authenticate: Authenticate | None = None,
     allowed_origins: Collection[str] | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
@@ -139,82 +118,41 @@ async def serve(
       in it is refused (403): browsers send it, so a page elsewhere cannot use a user's
       cookies to open a session. Requests without ``Origin`` (not a browser) pass.
     """
+    if not (isinstance(max_message_size, int) and max_message_size >= MIN_MESSAGE_SIZE):
+        raise ValueError(
+            f"max_message_size must be an integer of at least {MIN_MESSAGE_SIZE}, "
+            f"not {max_message_size!r}"
+        )
     options = Options(
         capabilities=tuple(capabilities),
         max_message_size=max_message_size,
-        resume_window=non_negative("resume_window", resume_window),
-        max_sessions=positive("max_sessions", max_sessions),
-        max_open_calls=positive("max_open_calls", max_open_calls),
-        max_queued_app_calls=positive("max_queued_app_calls", max_queued_app_calls),
-        max_messages_per_second=positive("max_messages_per_second", max_messages_per_second),
-        replay_limit=positive("replay_limit", replay_limit),
-        handshake_timeout=positive("handshake_timeout", handshake_timeout),
+        resume_window=positive_number("resume_window", resume_window, zero=True),
+        max_sessions=count("max_sessions", max_sessions),
+        max_open_calls=count("max_open_calls", max_open_calls),
+        max_queued_app_calls=count("max_queued_app_calls", max_queued_app_calls),
+        max_messages_per_second=positive_number("max_messages_per_second", max_messages_per_second),
+        replay_limit=count("replay_limit", replay_limit),
+        replay_limit_bytes=count("replay_limit_bytes", replay_limit_bytes),
+        handshake_timeout=positive_number("handshake_timeout", handshake_timeout),
+        max_pending_connections=count("max_pending_connections", max_pending_connections),
+        max_sessions_per_peer=count("max_sessions_per_peer", max_sessions_per_peer),
+        first_turn_timeout=positive_number("first_turn_timeout", first_turn_timeout),
         authenticate=authenticate,
         allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
     )
-    # Our own listeners, closed on the way out: trio-websocket leaves them to the GC.
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:
         async with trio.open_nursery() as nursery:
-            hub = Hub(agent, options, nursery)
-            ws_server = WebSocketServer(
-                functools.partial(_handle, hub),
-                listeners,
-                handler_nursery=nursery,
-                max_message_size=4 * max_message_size,
-            )
-            await nursery.start(ws_server.run)
-            task_status.started(Server(host=host, port=ws_server.port))
+            accepting = Accepting(options.max_pending_connections)
+            hub = Hub(agent, options, nursery, accepting)
+            for listener in listeners:
+                nursery.start_soon(accept_loop, listener, accepting, hub.handle_stream, nursery)
+            bound = listeners[0].socket.getsockname()[1]
+            log.info("serving on %s", Server(host=host, port=bound).url)
+            task_status.started(Server(host=host, port=bound))
             await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
             for listener in listeners:
                 await listener.aclose()
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def _handle(hub: Hub, request: WebSocketRequest) -> None:
-    admitted, principal = await _check_upgrade(hub.options, request)
-    if not admitted:
-        return
-    try:
-        ws = await request.accept()
-    except ConnectionClosed:
-        return
-    await hub.serve_connection(ws, principal)
-
-
-async def _check_upgrade(options: Options, request: WebSocketRequest) -> tuple[bool, Any]:
-    """Check the upgrade request (origin, ``authenticate``): ``(True, principal)``, or
-    ``(False, None)`` once it is refused with an HTTP status."""
-    headers = tuple(
-        (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
-    )
-    remote = request.remote
-    handshake = HandshakeRequest(
-        path=request.path,
-        headers=headers,
-        remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
-    )
-    try:
-        origin = handshake.header("origin")
-        if options.allowed_origins is not None and origin is not None:
-            if origin not in options.allowed_origins:
-                raise Refuse(403, "origin not allowed")
-        principal = None
-        if options.authenticate is not None:
-            with trio.fail_after(options.handshake_timeout):
-                principal = await options.authenticate(handshake)
-            if principal is None:
-                raise Refuse(401, "unauthorized")
-    except Refuse as refusal:
-        log.info("refused %s: %s", handshake.remote, refusal)
-        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
-            await request.reject(refusal.status, body=refusal.reason.encode())
-        return False, None
-    except Exception:  # the hook's bug, or its timeout: refuse, never crash the server
-        log.exception("authenticate failed for %s", handshake.remote)
-        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
-            await request.reject(500, body=b"internal server error")
-        return False, None
-    return True, principal

@@ -203,7 +203,9 @@ class ClientProtocol(Endpoint):
             # A broken server: nothing to answer it with; surface nothing, drop the frame.
             return [m.Error(seq=0, code=exc.code, message=f"from the server: {exc.message}")]
         if isinstance(message, m.Ack):
-            self.peer_acked(message.seq)
+            if not self.peer_acked(message.seq):
+                text = f"from the server: ack {message.seq} is above our last seq {self.sent_seq}"
+                return [m.Error(seq=0, code=m.BAD_MESSAGE, message=text)]
             return []
         if message.seq != 0 and not self.accept(message.seq):
             return []

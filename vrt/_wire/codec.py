@@ -202,6 +202,11 @@ def to_dict(message: Any) -> dict[str, Any]:
 _SPACES = re.compile(r"\s+")
 
 
+MAX_INTEGER = 2**53
+"""The largest seq or epoch of the schemas (``maximum``): past it a number is refused, and
+never echoed back in an error's ``ref``."""
+
+
 def _ref(seq: Any) -> int | None:
     """The seq an error answering this frame refers to, if it has a usable one.
 
@@ -211,7 +216,7 @@ def _ref(seq: Any) -> int | None:
     """
     if type(seq) is float and seq.is_integer():
         seq = int(seq)
-    return seq if type(seq) is int and seq >= 0 else None
+    return seq if type(seq) is int and 0 <= seq <= MAX_INTEGER else None
 
 
 def shorten(exc: object, limit: int = 200) -> str:

@@ -20,6 +20,9 @@ ACK_EVERY = 50
 """Send an ack at least every this many processed messages (and every 200 ms)."""
 REPLAY_LIMIT = 10_000
 """Default bound of the replay buffer (messages the peer has not acked)."""
+REPLAY_LIMIT_BYTES = 2 * 1024 * 1024
+"""Default bound of the replay buffer in bytes (the frames' characters, one byte each in
+the ASCII the codec writes)."""
 ERROR_MESSAGE_LIMIT = 300
 """The longest ``error`` message, in characters: a short explanation, never a frame echoed."""
 
@@ -27,7 +30,9 @@ ERROR_MESSAGE_LIMIT = 300
 class Endpoint:
     """One side's delivery state for one session."""
 
-    def __init__(self, *, replay_limit: int = REPLAY_LIMIT) -> None:
+    def __init__(
+        self, *, replay_limit: int = REPLAY_LIMIT, replay_limit_bytes: int = REPLAY_LIMIT_BYTES
+    ) -> None:
         self.outbox: list[str] = []
         self.sent_seq = 0
         """The last seq this side assigned."""
@@ -36,6 +41,9 @@ class Endpoint:
         self.acked_by_peer = 0
         self.replay: deque[tuple[int, str]] = deque()
         self.replay_limit = replay_limit
+        self.replay_bytes = 0
+        """The size of the frames in :attr:`replay`."""
+        self.replay_limit_bytes = replay_limit_bytes
         self.overflowed = False
         """The replay buffer went over its bound: the session can no longer resume."""
         self._ack_sent = 0
@@ -48,10 +56,12 @@ class Endpoint:
         message = cls(seq=self.sent_seq, **fields)
         frame = codec.encode(message)
         self.outbox.append(frame)
-        self.replay.append((self.sent_seq, frame))
-        if len(self.replay) > self.replay_limit:
-            self.overflowed = True
-            self.replay.popleft()
+        replay = self.replay
+        replay.append((self.sent_seq, frame))
+        self.replay_bytes += len(frame)
+        while len(replay) > self.replay_limit or self.replay_bytes > self.replay_limit_bytes:
+            self.overflowed = True  # the peer can no longer be given all it missed
+            self.replay_bytes -= len(replay.popleft()[1])
         return message
 
     def send_unnumbered(self, cls: Callable[..., M], **fields: Any) -> M:
@@ -94,17 +104,21 @@ class Endpoint:
             self.send_ack()
         return True
 
-    def peer_acked(self, seq: int) -> None:
+    def peer_acked(self, seq: int) -> bool:
         """The peer processed everything up to ``seq``: forget those frames.
 
-        An ack above :attr:`sent_seq` claims messages never sent (a broken peer) and is
-        ignored: taken, it would stop every later, true ack from trimming the buffer.
+        False for an ack above :attr:`sent_seq`, which claims messages never sent (a broken
+        peer): it is ignored, since taken it would stop every later, true ack from trimming
+        the buffer, and the caller answers it as a protocol error.
         """
-        if self.acked_by_peer < seq <= self.sent_seq:
+        if seq > self.sent_seq:
+            return False
+        if self.acked_by_peer < seq:
             self.acked_by_peer = seq
             replay = self.replay
             while replay and replay[0][0] <= seq:
-                replay.popleft()
+                self.replay_bytes -= len(replay.popleft()[1])
+        return True
 
     def ack_state_reset(self) -> None:
         """A new connection: ack what was processed again at the next chance."""

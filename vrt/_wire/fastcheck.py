@@ -119,6 +119,10 @@ def _minimum(value: float) -> Check:
     return lambda v: type(v) not in (int, float) or v >= value
 
 
+def _maximum(value: float) -> Check:
+    return lambda v: type(v) not in (int, float) or v <= value
+
+
 def _min_length(value: int) -> Check:
     return lambda v: type(v) is not str or len(v) >= value
 
@@ -157,6 +161,7 @@ _KEYWORDS: dict[str, Callable[[Any], Check]] = {
     "const": _const,
     "enum": _enum,
     "minimum": _minimum,
+    "maximum": _maximum,
     "minLength": _min_length,
     "pattern": _pattern,
     "items": _items,

@@ -17,7 +17,7 @@ from vrt._core.tables import SESSION
 from vrt._errors import DefinitionError
 from vrt._wire import codec
 from vrt._wire import messages as m
-from vrt._wire.endpoint import REPLAY_LIMIT, Endpoint
+from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES, Endpoint
 
 MAX_MESSAGE_SIZE = 1 << 20
 MAX_APP_TOOLS = 128
@@ -36,9 +36,10 @@ class ServerProtocol(Endpoint):
         capabilities: Collection[str] = m.CAPABILITIES,
         max_message_size: int = MAX_MESSAGE_SIZE,
         replay_limit: int = REPLAY_LIMIT,
+        replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
         admit: Callable[[], bool] | None = None,
     ) -> None:
-        super().__init__(replay_limit=replay_limit)
+        super().__init__(replay_limit=replay_limit, replay_limit_bytes=replay_limit_bytes)
         self.admit = admit
         """Asked before a new session is accepted; False refuses it (``RATE_LIMITED``)."""
         self.session_id = session_id
@@ -93,7 +94,12 @@ class ServerProtocol(Endpoint):
                 self.close("rejected")  # an invalid hello
             return []
         if isinstance(message, m.Ack):
-            self.peer_acked(message.seq)
+            if not self.peer_acked(message.seq):
+                self.error(
+                    m.BAD_MESSAGE,
+                    f"ack {message.seq} is above the last message sent ({self.sent_seq})",
+                    numbered=in_session,
+                )
             return []
         if not in_session:
             if isinstance(message, m.Hello):

@@ -1,0 +1,126 @@
+"""The HTTP side of a connection: the WebSocket upgrade and the checks it passes.
+
+A connection's upgrade request is read by trio-websocket (its reader task runs in the
+connection's nursery); the origin check and ``authenticate`` decide, and a refusal is an
+HTTP status. The caller bounds it all with the handshake deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    wrap_server_stream,
+)
+
+from vrt._net.accept import GuardedStream
+from vrt._net.options import Options
+
+log = logging.getLogger("vrt.server")
+
+HELLO_LIMIT = 64 * 1024
+"""The largest frame a connection may send before its ``hello`` is accepted (a hello with a
+hundred small app tools fits): a connection still in its handshake holds at most this much."""
+
+
+@attrs.frozen(kw_only=True)
+class HandshakeRequest:
+    """What ``authenticate`` sees of a WebSocket upgrade request."""
+
+    path: str
+    """The requested resource, with its query string (``/agent?room=7``)."""
+    headers: tuple[tuple[str, str], ...]
+    """Every header as ``(name, value)``, names lower-case, in the order sent."""
+    remote: str
+    """The peer's address as ``host:port`` (behind a proxy: the proxy's)."""
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        name = name.lower()
+        return next((value for key, value in self.headers if key == name), None)
+
+
+class Refuse(Exception):
+    """Raise from ``authenticate`` to refuse the WebSocket upgrade with an HTTP ``status``."""
+
+    def __init__(self, status: int = 403, reason: str = "forbidden") -> None:
+        if not 400 <= status <= 599:
+            raise ValueError(f"status must be an HTTP 4xx or 5xx code, not {status}")
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
+Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
+
+
+async def upgrade(
+    nursery: trio.Nursery, stream: GuardedStream, options: Options
+) -> tuple[WebSocketConnection, Any] | None:
+    """Read and check the upgrade request on ``stream``; the connection and the principal
+    once it is accepted, None once it is refused (an HTTP status was sent) or the peer left.
+
+    trio-websocket's reader runs in ``nursery`` for the connection's whole life.
+    """
+    limit = min(HELLO_LIMIT, options.max_message_size)
+    request = await wrap_server_stream(nursery, stream, max_message_size=limit)
+    admitted, principal = await check_upgrade(options, request)
+    if not admitted:
+        return None
+    try:
+        ws = await request.accept()
+    except ConnectionClosed:
+        return None
+    return ws, principal
+
+
+def open_to_messages(ws: WebSocketConnection, max_message_size: int) -> None:
+    """The hello was accepted: frames up to ``max_message_size`` may come now.
+
+    trio-websocket takes its limit once, when the connection is made; it reads it from
+    this attribute for every frame (tests/test_hostile.py checks that both limits hold).
+    """
+    ws._max_message_size = max_message_size
+
+
+async def check_upgrade(options: Options, request: WebSocketRequest) -> tuple[bool, Any]:
+    """Check the upgrade request (origin, ``authenticate``): ``(True, principal)``, or
+    ``(False, None)`` once it is refused with an HTTP status."""
+    headers = tuple(
+        (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
+    )
+    remote = request.remote
+    handshake = HandshakeRequest(
+        path=request.path,
+        headers=headers,
+        remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
+    )
+    try:
+        origin = handshake.header("origin")
+        if options.allowed_origins is not None and origin is not None:
+            if origin not in options.allowed_origins:
+                raise Refuse(403, "origin not allowed")
+        principal = None
+        if options.authenticate is not None:
+            principal = await options.authenticate(handshake)
+            if principal is None:
+                raise Refuse(401, "unauthorized")
+    except Refuse as refusal:
+        log.info("refused %s: %s", handshake.remote, refusal)
+        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
+            await request.reject(refusal.status, body=refusal.reason.encode())
+        return False, None
+    except Exception:  # the hook's bug: refuse, never crash the server
+        log.exception("authenticate failed for %s", handshake.remote)
+        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
+            await request.reject(500, body=b"internal server error")
+        return False, None
+    return True, principal
