@@ -144,7 +144,7 @@ async def test_a_cut_at_every_message_changes_nothing(
 ) -> None:
     """Cut before and after every message in one direction: the same session each time."""
     uncut = await run_session(counting(direction))
-    assert uncut.messages >= (60 if direction == "receive" else 7)
+    assert uncut.messages >= (40 if direction == "receive" else 7)  # previews coalesced
     for n in range(1, uncut.messages + 1):
         for before in (True, False):
             cut = functools.partial(CuttingConnection, direction=direction, n=n, before=before)

@@ -59,6 +59,7 @@ class Call:
         "name",
         "result",
         "signal",
+        "size",
         "text",
         "tool",
         "turn",
@@ -88,6 +89,8 @@ class Call:
                 self.clear_to_send.set()
         self.machine = TOOL_CALL.new()
         self.fragments: list[str] = []
+        self.size = 0
+        """UTF-8 bytes of the fragments so far (counted only under a limit)."""
         self.text: str | None = None  # the arguments' full JSON text, once complete
         self.arguments: Any = None
         self.result: ToolResult | None = None
@@ -96,14 +99,26 @@ class Call:
 
     # -- driven by the turn as the model streams --------------------------------------------------
 
-    def delta(self, fragment: str) -> None:
-        """The model wrote the next fragment of the arguments."""
+    def delta(self, fragment: str) -> bool:
+        """The model wrote the next fragment of the arguments. False if that put them over
+        the session's ``max_argument_bytes``: the call failed instead."""
+        limit = self.turn.session.max_argument_bytes
+        if limit is not None:
+            self.size += len(fragment.encode("utf-8", "surrogatepass"))
+            if self.size > limit:
+                self.abandon(_too_large(limit))
+                return False
         self.machine.send("delta")
         self.fragments.append(fragment)
         self._emit(Phase.ARGUMENTS_DELTA, delta=fragment)
+        return True
 
-    def complete(self, arguments: Any) -> None:
-        """The arguments are complete: parse them (or take them as given) and issue the call."""
+    def complete(self, arguments: Any) -> bool:
+        """The arguments are complete: parse them (or take them as given) and issue the call.
+
+        False if they are over the session's ``max_argument_bytes``: the call failed, and
+        it must not run.
+        """
         if arguments is None or isinstance(arguments, str):
             text = "".join(self.fragments) if arguments is None else arguments
             try:
@@ -113,10 +128,16 @@ class Call:
         else:
             text = json.dumps(arguments)  # raises (a model error) before the machine moves
             parsed = arguments
+        limit = self.turn.session.max_argument_bytes
+        if limit is not None and arguments is not None:
+            if len(text.encode("utf-8", "surrogatepass")) > limit:
+                self.abandon(_too_large(limit))
+                return False
         self.machine.send("complete")
         self.text, self.arguments = text, parsed
         self.fragments = []
         self._emit(Phase.ARGUMENTS_COMPLETE, arguments=self.arguments)
+        return True
 
     def abandon(self, message: str) -> None:
         """The model stopped before completing the arguments: FAILED, phase ``failed``."""
@@ -259,6 +280,7 @@ class Call:
             signal=self.signal,
             progress=self.progress,
             principal=turn.session.principal,
+            max_progress_bytes=turn.session.max_progress_bytes,
         )
         try:
             if tool.timeout is None:
@@ -348,6 +370,10 @@ class Call:
                 complete=self.text is not None,
             )
         )
+
+
+def _too_large(limit: int) -> str:
+    return f"the model's arguments are over the limit of {limit} bytes"
 
 
 def _not_json(token: str) -> Any:

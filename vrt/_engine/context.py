@@ -86,7 +86,16 @@ class ToolContext:
     idempotency key.
     """
 
-    __slots__ = ("_progress", "call_id", "epoch", "name", "principal", "signal", "turn_id")
+    __slots__ = (
+        "_max_progress",
+        "_progress",
+        "call_id",
+        "epoch",
+        "name",
+        "principal",
+        "signal",
+        "turn_id",
+    )
 
     def __init__(
         self,
@@ -98,6 +107,7 @@ class ToolContext:
         signal: Signal,
         progress: Callable[[Any], None],
         principal: Any = None,
+        max_progress_bytes: int | None = None,
     ) -> None:
         self.call_id = call_id
         self.principal = principal
@@ -106,18 +116,23 @@ class ToolContext:
         self.name = name
         self.signal = signal
         self._progress = progress
+        self._max_progress = max_progress_bytes
 
     def emit(self, progress: Any) -> None:
         """Report progress (a ``progress`` stream phase). Synchronous, never blocks.
 
         Progress reported after the call ended (interrupted, timed out) is dropped.
         Raises TypeError at once if ``progress`` is not JSON: it is application data the
-        app receives over the wire.
+        app receives over the wire; and ValueError if its JSON is over the server's limit
+        (``vrt.serve``: half its ``max_message_size``), which no client takes.
         """
         try:
-            json.dumps(progress)
+            text = json.dumps(progress)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"progress must be JSON-serialisable: {exc}") from None
+        limit = self._max_progress
+        if limit is not None and len(text) > limit:
+            raise ValueError(f"progress is {len(text)} bytes of JSON, over the limit of {limit}")
         self._progress(progress)
 
     @asynccontextmanager

@@ -57,6 +57,11 @@ class Session:
         """Calls of a turn without a result; a call over it FAILED at once (``vrt.serve``)."""
         self.max_queued_app_calls: int | None = None
         """App calls waiting for the app; one over it FAILED (``vrt.serve``)."""
+        self.max_argument_bytes: int | None = None
+        """A call whose arguments grow over this many UTF-8 bytes fails (``vrt.serve``:
+        every frame that carries them must fit the client's limit)."""
+        self.max_progress_bytes: int | None = None
+        """``ctx.emit`` refuses progress over this many bytes of JSON (``vrt.serve``)."""
         self.app_line: deque[Call] = deque()
         """App calls without a result, in call order: only the first is sent to the client."""
         self._confirmations: dict[str, trio.Event] = {}

@@ -46,7 +46,7 @@ class Turn:
         self._scope = trio.CancelScope()
         self._calls: list[Call] = []  # every call of the turn, in call order
         self._open: dict[str, Call] = {}  # calls not yet final
-        self._refused: set[str] = set()  # calls failed at once over session.max_open_calls
+        self._refused: set[str] = set()  # calls failed over a session limit: deltas dropped
         self._idle: trio.Event | None = None
         self._text: list[str] = []
         self._records: list[CallRecord] = []  # results already fed back, in call order
@@ -197,7 +197,8 @@ class Turn:
                         raise ModelError(f"delta for unknown call {event.call_id!r}")
                     if not isinstance(event.delta, str):
                         raise ModelError(f"delta for call {event.call_id!r} is not a str")
-                    call.delta(event.delta)
+                    if not call.delta(event.delta):
+                        self._refused.add(call.call_id)  # too large: failed, the rest dropped
                 elif isinstance(event, CallStart):
                     if session.seen_call_id(event.call_id):
                         raise ModelError(f"call id {event.call_id!r} was already used")
@@ -214,8 +215,8 @@ class Turn:
                         if event.call_id in self._refused:
                             continue
                         raise ModelError(f"end of unknown call {event.call_id!r}")
-                    call.complete(event.arguments)
-                    nursery.start_soon(call.run)
+                    if call.complete(event.arguments):
+                        nursery.start_soon(call.run)
                 elif isinstance(event, Text):
                     self._text.append(event.text)
                     if session.watched:

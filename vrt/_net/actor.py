@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from vrt._core.events import TERMINAL_PHASES, ToolStream
+from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.call import Call
 from vrt._engine.session import Session
 from vrt._errors import SessionClosed
-from vrt._net.frames import message_of
+from vrt._net.frames import Previews, messages_of
 from vrt._net.link import Link, RateLimit, send_and_close
 from vrt._wire import messages as m
+from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import ServerProtocol
 from vrt.models import ToolSpec
 
@@ -71,6 +72,10 @@ class SessionActor:
         self._interrupts = 0
         self.issued: set[str] = set()
         self.answered: set[str] = set()
+        self._previews = Previews()
+        self._piece = self.options.max_message_size // 16
+        """Characters of model text or argument fragment per frame, at most (a character
+        may take 12 bytes escaped: an emoji is written as two \\u escapes)."""
 
     @property
     def log_id(self) -> str:
@@ -155,6 +160,10 @@ class SessionActor:
         session.pace = self._pace
         session.max_open_calls = self.options.max_open_calls
         session.max_queued_app_calls = self.options.max_queued_app_calls
+        # Every frame that carries them must fit the client's limit (vrt.connect's default
+        # max_message_size is the server's): arguments are sent escaped, up to about 6x.
+        session.max_argument_bytes = self.options.max_message_size // 8
+        session.max_progress_bytes = self.options.max_message_size // 2
         session.listen(self._on_event)  # frames in the engine's own order
         self.session = session
         return session
@@ -294,14 +303,20 @@ class SessionActor:
     # -- session events to frames (a session listener) -----------------------------------------
 
     def _on_event(self, event: Any) -> None:
-        """A session event to a frame, synchronously (a session listener)."""
+        """A session event to frames, synchronously (a session listener)."""
         proto = self.proto
         if not proto.in_session:
             return
-        message = message_of(event, tool_stream=m.TOOL_STREAM_V1 in proto.capabilities)
-        if message is not None:
-            cls, fields = message
-            proto.send(cls, **fields)
+        if isinstance(event, ToolStream):
+            self._previews.stream(event)
+        elif isinstance(event, ToolPreview) and not self._previews.wanted(event):
+            return
+        tool_stream = m.TOOL_STREAM_V1 in proto.capabilities
+        for cls, fields in messages_of(event, tool_stream=tool_stream, piece=self._piece):
+            try:
+                proto.send(cls, **fields)
+            except FrameTooLarge as exc:  # the engine's limits should make this unreachable
+                log.warning("session %s: %s is over max_message_size: not sent", self.log_id, exc)
         if isinstance(event, ToolStream) and event.kind == "app":
             if event.phase in TERMINAL_PHASES and self.pending.pop(event.call_id, None) is not None:
                 # Ended without the app's result (interrupt or timeout): the app sees the
@@ -388,14 +403,19 @@ class SessionActor:
         pending = _Pending(call.turn.epoch)
         self.pending[call_id] = pending
         self.issued.add(call_id)
-        self.proto.send(
-            m.ToolCallMessage,
-            call_id=call_id,
-            turn_id=call.turn.turn_id,
-            epoch=call.turn.epoch,
-            name=call.name,
-            arguments=call.arguments,
-        )
+        try:
+            self.proto.send(
+                m.ToolCallMessage,
+                call_id=call_id,
+                turn_id=call.turn.turn_id,
+                epoch=call.turn.epoch,
+                name=call.name,
+                arguments=call.arguments,
+            )
+        except FrameTooLarge:  # a Rewrite hook's arguments: the engine bounds the model's
+            del self.pending[call_id]
+            message = "the call's arguments are over what the client takes (max_message_size)"
+            return ToolResult.failure(ResultCode.FAILED, message)
         self.flush()
         try:
             await pending.done.wait()

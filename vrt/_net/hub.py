@@ -134,6 +134,7 @@ class Hub:
             replay_limit_bytes=options.replay_limit_bytes,
             admit=lambda: self._admits(peer),
         )
+        proto.max_frame = options.max_message_size  # what vrt.connect takes by default
         try:
             hello = None
             with trio.move_on_at(deadline):

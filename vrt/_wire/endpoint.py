@@ -27,6 +27,10 @@ ERROR_MESSAGE_LIMIT = 300
 """The longest ``error`` message, in characters: a short explanation, never a frame echoed."""
 
 
+class FrameTooLarge(Exception):
+    """A message to send would make a frame over :attr:`Endpoint.max_frame` (not sent)."""
+
+
 class Endpoint:
     """One side's delivery state for one session."""
 
@@ -46,15 +50,23 @@ class Endpoint:
         self.replay_limit_bytes = replay_limit_bytes
         self.overflowed = False
         """The replay buffer went over its bound: the session can no longer resume."""
+        self.max_frame: int | None = None
+        """The largest frame the peer takes (characters: the codec writes ASCII); None: any."""
         self._ack_sent = 0
 
     # -- sending ----------------------------------------------------------------------------------
 
     def send(self, cls: Callable[..., M], **fields: Any) -> M:
-        """Number a message of ``cls``, keep it for replay, and queue its frame."""
-        self.sent_seq += 1
-        message = cls(seq=self.sent_seq, **fields)
+        """Number a message of ``cls``, keep it for replay, and queue its frame.
+
+        Raises :class:`FrameTooLarge` (and numbers nothing) if the frame is over
+        :attr:`max_frame`: the peer would refuse it, and a resume would replay it forever.
+        """
+        message = cls(seq=self.sent_seq + 1, **fields)
         frame = codec.encode(message)
+        if self.max_frame is not None and len(frame) > self.max_frame:
+            raise FrameTooLarge(f"a {message.TYPE} frame of {len(frame)} bytes")  # type: ignore[attr-defined]
+        self.sent_seq += 1
         self.outbox.append(frame)
         replay = self.replay
         replay.append((self.sent_seq, frame))
