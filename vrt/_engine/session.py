@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import secrets
 from collections import deque
@@ -12,6 +14,7 @@ from typing import Any
 import trio
 
 from vrt._core.events import Closed, ConfirmRequest, Event, TurnStarted
+from vrt._core.results import CallRecord
 from vrt._core.tables import SESSION
 from vrt._engine.agent import Agent, RegisteredApp
 from vrt._engine.call import AppHost, Call
@@ -21,7 +24,9 @@ from vrt._engine.subscription import Subscription
 from vrt._engine.tools import schema_validator
 from vrt._engine.turn import Turn
 from vrt._errors import SessionClosed
-from vrt.models import HistoryItem, ModelRequest, ToolSpec, UserInput
+from vrt.models import AgentText, HistoryItem, ModelRequest, ToolSpec, UserInput
+
+log = logging.getLogger("vrt")
 
 
 class Session:
@@ -69,6 +74,12 @@ class Session:
         self.epoch = 0
         """Raised by one on every interrupt; every turn and call carries the epoch it ran in."""
         self.history: list[HistoryItem] = []
+        self.max_history_bytes: int | None = None
+        """Past this size of history (texts, arguments and results, roughly in bytes of
+        JSON), the oldest whole turns are dropped from what the model is sent next
+        (``vrt.serve``: a session's memory stays bounded, whatever its client sends)."""
+        self._sizes: list[int] = []  # each history item's size, while there is a limit
+        self._history_size = 0
         self.subscribers: list[trio.MemorySendChannel[Event]] = []
         self.listeners: list[Callable[[Event], None]] = []
         self.watched = False
@@ -167,7 +178,7 @@ class Session:
             self._turns += 1
             turn = Turn(self, f"t_{self._turns}", self.epoch)
             self._turn = turn
-            self.history.append(UserInput(turn_id=turn.turn_id, text=text))
+            self.record(UserInput(turn_id=turn.turn_id, text=text))
             if self.watched:
                 self.emit(TurnStarted(turn_id=turn.turn_id, epoch=turn.epoch))
             assert self._nursery is not None
@@ -224,6 +235,39 @@ class Session:
         self._nursery = nursery
 
     # -- for turns --------------------------------------------------------------------------------
+
+    def record(self, *items: HistoryItem) -> None:
+        """Append ``items`` to the history, then keep it under :attr:`max_history_bytes`.
+
+        The history is append-only for the snapshots already handed out: dropping turns
+        makes a new list (the old one lives on in those snapshots), about once per quarter
+        of the limit added.
+        """
+        self.history.extend(items)
+        limit = self.max_history_bytes
+        if limit is None:
+            return
+        for item in items:
+            size = _size(item)
+            self._sizes.append(size)
+            self._history_size += size
+        if self._history_size > limit:
+            self._drop_oldest_turns(limit * 3 // 4)
+
+    def _drop_oldest_turns(self, target: int) -> None:
+        """Drop whole turns, oldest first, until the history is ``target`` or less; never
+        the turn in progress (the last input's), so every call keeps its result."""
+        history, sizes = self.history, self._sizes
+        starts = [i for i, item in enumerate(history) if isinstance(item, UserInput)]
+        cut, total = 0, self._history_size
+        for start in starts[1:]:
+            if total <= target:
+                break
+            total -= sum(sizes[cut:start])
+            cut = start
+        if cut:
+            log.info("session %s: the oldest %d history items dropped", self.session_id, cut)
+            self.history, self._sizes, self._history_size = history[cut:], sizes[cut:], total
 
     def request(self, turn: Turn, step: int) -> ModelRequest:
         """The model request for one step of ``turn``."""
@@ -310,3 +354,18 @@ async def open_session(
                 yield session
             finally:
                 session.close("client")
+
+
+def _size(item: HistoryItem) -> int:
+    """About how many bytes of JSON ``item`` makes in a model request."""
+    if isinstance(item, UserInput | AgentText):
+        return len(item.text) + 64
+    if isinstance(item, CallRecord):
+        result = item.result
+        return (
+            len(json.dumps(item.arguments, default=repr))
+            + len(json.dumps(result.output, default=repr))
+            + len(result.message or "")
+            + 128
+        )
+    return 256  # a TurnInterrupted note

@@ -238,13 +238,15 @@ class Turn:
 
     def _flush_step(self) -> None:
         """Feed the text and results so far into the history, in call order."""
-        history: list[HistoryItem] = self.session.history
+        items: list[HistoryItem] = []
         if self._text:
-            history.append(AgentText(turn_id=self.turn_id, text="".join(self._text)))
+            items.append(AgentText(turn_id=self.turn_id, text="".join(self._text)))
             self._text = []
         fresh = [call.record() for call in self._calls[len(self._records) :]]
         self._records.extend(fresh)
-        history.extend(fresh)
+        items.extend(fresh)
+        if items:
+            self.session.record(*items)
 
     def _finish(self, message: str | None) -> None:
         status: TurnStatus = self._machine.state  # type: ignore[assignment]
@@ -258,7 +260,7 @@ class Turn:
             call.interrupt("the turn ended before the call had a result")
         self._flush_step()
         if status == "interrupted":
-            self.session.history.append(TurnInterrupted(turn_id=self.turn_id))
+            self.session.record(TurnInterrupted(turn_id=self.turn_id))
         self._result = TurnResult(
             turn_id=self.turn_id,
             status=status,

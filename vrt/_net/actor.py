@@ -164,6 +164,7 @@ class SessionActor:
         # max_message_size is the server's): arguments are sent escaped, up to about 6x.
         session.max_argument_bytes = self.options.max_message_size // 8
         session.max_progress_bytes = self.options.max_message_size // 2
+        session.max_history_bytes = self.options.max_history_bytes
         session.listen(self._on_event)  # frames in the engine's own order
         self.session = session
         return session

@@ -33,12 +33,19 @@ from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, Vr
 from vrt._net.pumps import AckTimer, send_frames
 from vrt._wire import messages as m
 from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
+from vrt._wire.endpoint import FrameTooLarge
+from vrt._wire.server import MAX_MESSAGE_SIZE
 
 log = logging.getLogger("vrt.client")
 
 CLOSE_TIMEOUT = 5.0
+"""How long leaving ``vrt.connect`` waits for ``closed``, and then for the connection to end."""
+CANCEL_GRACE = 0.25
+"""The same, each, when the block is left by cancellation: it returns within a second."""
 RESUME_TIMEOUT = 30.0
 """How long a client tries to resume a lost session (the server's default window)."""
+CONNECT_TIMEOUT = 10.0
+"""How long one connection attempt may take: TCP, TLS, the upgrade and the ``welcome``."""
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 2.0
 """Reconnect delays: doubling from the first to the max, each with random jitter (50-100 %)."""
@@ -55,14 +62,21 @@ class Client:
         capabilities: Sequence[str],
         reconnect: Reconnect | None = None,
         resume_timeout: float = RESUME_TIMEOUT,
+        *,
+        resume: bool = True,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        max_message_size: int = MAX_MESSAGE_SIZE,
     ) -> None:
         self._reconnect = reconnect
+        self._resume = resume
+        self._connect_timeout = connect_timeout
+        self._max_message_size = max_message_size
         self._closing = False
         self._links_done = trio.Event()
         self._acks = AckTimer()
         self._resume_timeout = resume_timeout
         self.tools = {tool.name: tool for tool in tools}
-        self.proto = ClientProtocol(
+        self.proto = self._new_protocol(
             [
                 m.ToolDecl(name=t.name, description=t.description, parameters=t.parameters)
                 for t in tools
@@ -113,9 +127,18 @@ class Client:
             send.close()
 
     async def send_text(self, text: str) -> None:
-        """Send user input: a new turn (an open one is interrupted first, server-side)."""
+        """Send user input: a new turn (an open one is interrupted first, server-side).
+
+        Raises ValueError if the frame would be over ``max_message_size`` (the server
+        would refuse it).
+        """
         self._check_open()
-        self.proto.send_input(text)
+        try:
+            self.proto.send_input(text)
+        except FrameTooLarge:
+            raise ValueError(
+                f"the text is over max_message_size ({self._max_message_size} bytes as a frame)"
+            ) from None
         self._flush()
         await trio.lowlevel.checkpoint()
 
@@ -132,6 +155,13 @@ class Client:
         self._flush()
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _new_protocol(
+        self, tools: Sequence[m.ToolDecl], capabilities: Sequence[str]
+    ) -> ClientProtocol:
+        proto = ClientProtocol(tools, capabilities)
+        proto.max_frame = self._max_message_size  # what the server takes by default
+        return proto
 
     def _check_open(self) -> None:
         if self.closed is not None:
@@ -192,7 +222,10 @@ class Client:
     def _reply_for(self, call_id: str) -> Any:
         async def reply(approved: bool, reason: str | None) -> None:
             if self.closed is None:
-                self.proto.confirm_reply(call_id, approved, reason)
+                try:
+                    self.proto.confirm_reply(call_id, approved, reason)
+                except FrameTooLarge:
+                    raise ValueError("the reason is over max_message_size") from None
                 self._flush()
             await trio.lowlevel.checkpoint()
 
@@ -205,13 +238,17 @@ class Client:
             try:
                 await ws.send_message(hello)
             except ConnectionClosed:
-                raise _Lost from None
+                raise Lost from None
         refusal: m.Error | None = None
         while True:
             try:
                 frame: Any = await ws.get_message()
-            except ConnectionClosed:
-                raise _Lost from None
+            except ConnectionClosed as exc:
+                if exc.reason is not None and exc.reason.code == 1009:
+                    raise RemoteProtocolError(
+                        "TOO_LARGE", "the server refused the hello as too large (close 1009)"
+                    ) from None
+                raise Lost from None
             for item in self.proto.receive(frame):
                 if isinstance(item, Welcomed):
                     return None
@@ -240,34 +277,61 @@ class Client:
 
     async def _carry(self, first: Any, task_status: trio.TaskStatus[None]) -> None:
         reconnect = self._reconnect
-        deadline: float | None = None
+        opening_until = trio.current_time() + self._connect_timeout
+        resume_until: float | None = None
         attempt = 0
         while True:
             lost = True
+            timed_out = False
+            opening = self.proto.connection.state == "connecting"  # no session yet
+            now = trio.current_time()
+            until = opening_until if opening else resume_until or math.inf
             try:
-                async with contextlib.nullcontext(first) if attempt == 0 else reconnect() as ws:  # type: ignore[misc]
-                    if self.proto.connection.state == "connecting":  # no session yet
-                        if attempt:
-                            self.proto = ClientProtocol(self.proto.tools, self.proto.offered)
-                        self.proto.hello()
-                        refusal = await self._await_welcome(ws)
-                        if refusal is not None:
-                            raise refusal
-                        task_status.started()
-                    else:
-                        self.proto.resume_hello()
-                        refusal = await self._await_welcome(ws)
-                        if refusal is not None:
-                            log.info("session %s: resume refused: %s", self.session_id, refusal)
-                            # after our ``close`` the session is gone because it closed
-                            self._dispatch(Closed(reason="client" if self._closing else "expired"))
+                with trio.move_on_at(min(until, now + self._connect_timeout)) as attempt_scope:
+                    async with self._connection(first, attempt) as ws:
+                        if opening:
+                            if attempt:
+                                self.proto = self._new_protocol(
+                                    self.proto.tools, self.proto.offered
+                                )
+                            self.proto.hello()
+                            refusal = await self._await_welcome(ws)
+                            if refusal is not None:
+                                raise refusal
+                            task_status.started()
+                        else:
+                            self.proto.resume_hello()
+                            refusal = await self._await_welcome(ws)
+                            if refusal is not None:
+                                log.info("session %s: resume refused: %s", self.session_id, refusal)
+                                # after our ``close`` the session is gone because it closed
+                                self._dispatch(
+                                    Closed(reason="client" if self._closing else "expired")
+                                )
+                                return
+                            self._resumed()
+                        attempt_scope.deadline = math.inf  # connected: no deadline any more
+                        resume_until, attempt = None, 1
+                        if self.proto.ack_due:
+                            self._acks.due(
+                                self._send_ack
+                            )  # the welcome; on a resume, everything again
+                        lost = await self._pump(ws)
+                        if lost and _too_large(ws):
+                            # Resuming would replay the same frame into the same refusal.
+                            log.warning(
+                                "session %s: a frame over max_message_size (close 1009): "
+                                "the session cannot go on",
+                                self.session_id,
+                            )
+                            self._dispatch(Closed(reason="too_large"))
                             return
-                        self._resumed()
-                    deadline, attempt = None, 1
-                    if self.proto.ack_due:
-                        self._acks.due(self._send_ack)  # the welcome; on a resume, everything again
-                    lost = await self._pump(ws)
-            except (_Lost, OSError, HandshakeError) as exc:
+                timed_out = attempt_scope.cancelled_caught
+            except OSError:
+                if opening and not attempt:
+                    raise  # nothing listens there (refused, unreachable): at once
+                log.debug("session %s: connection attempt %d failed", self.session_id, attempt)
+            except (Lost, HandshakeError) as exc:
                 log.debug(
                     "session %s: connection attempt %d failed: %r", self.session_id, attempt, exc
                 )
@@ -278,12 +342,23 @@ class Client:
                 assert self.proto.session_id is not None
                 self._emit(Reconnecting(session_id=self.proto.session_id))
             now = trio.current_time()
-            if deadline is None:
-                deadline = now + self._resume_timeout
+            if self.proto.connection.state == "connecting":
+                until = opening_until
+            else:
+                if resume_until is None:
+                    resume_until = now + self._resume_timeout
+                until = resume_until
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempt - 1))
             delay *= random.uniform(0.5, 1.0)
-            if reconnect is None or now + delay >= deadline:
+            can_retry = reconnect is not None and (self._resume or self.proto.session_id is None)
+            if not can_retry or now + delay >= until:
                 if self.proto.connection.state == "connecting":  # never had a session
+                    if timed_out:
+                        raise RemoteProtocolError(
+                            "TIMEOUT",
+                            f"no complete handshake within {self._connect_timeout:g} s "
+                            "(connect_timeout)",
+                        )
                     raise RemoteProtocolError(
                         "CLOSED", "the server closed the connection during the handshake"
                     )
@@ -295,6 +370,13 @@ class Client:
             if self.closed is not None:
                 return
             attempt += 1
+
+    def _connection(self, first: Any, attempt: int) -> AbstractAsyncContextManager[Any]:
+        """The connection of attempt ``attempt``: ``first`` if given, then new ones."""
+        if attempt == 0 and first is not None:
+            return contextlib.nullcontext(first)
+        assert self._reconnect is not None
+        return self._reconnect()
 
     def _resumed(self) -> None:
         """The session is back: our frames queued meanwhile are superseded by the replay
@@ -391,12 +473,12 @@ class Client:
         finally:
             self._running = None
 
-    async def _close(self) -> None:
+    async def _close(self, patience: float) -> None:
         if self.closed is None and self.proto.connection.state == "open":
             self._closing = True
             self.proto.close()
             self._flush()
-            with trio.move_on_after(CLOSE_TIMEOUT):
+            with trio.move_on_after(patience):
                 await self._closed.wait()
         if self.closed is None:  # no answer, or no connection to ask on: closed here
             self._dispatch(Closed(reason="client"))
@@ -413,17 +495,32 @@ async def open_client(
     *,
     capabilities: Sequence[str] = m.CAPABILITIES,
     reconnect: Reconnect | None = None,
+    resume: bool = True,
     resume_timeout: float = RESUME_TIMEOUT,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    max_message_size: int = MAX_MESSAGE_SIZE,
 ) -> AsyncIterator[Client]:
-    """:func:`connect` over an already-open connection (see :mod:`vrt.testing`).
+    """:func:`connect` over a connection: ``ws`` if given (see :mod:`vrt.testing`), else
+    the first one ``reconnect`` opens.
 
     ``reconnect`` opens a new connection to the same server (an async context manager
-    factory); without it a lost connection ends the session (``Closed("lost")``).
+    factory); without it, or with ``resume=False``, a lost connection ends the session
+    (``Closed("lost")``).
     """
     for tool in tools:
         if not isinstance(tool, AppTool):
             raise TypeError(f"tools must be vrt.AppTool, not {tool!r}")
-    client = Client(tools, capabilities, reconnect, resume_timeout)
+    if ws is None and reconnect is None:
+        raise TypeError("open_client needs a connection or a way to open one")
+    client = Client(
+        tools,
+        capabilities,
+        reconnect,
+        resume_timeout,
+        resume=resume,
+        connect_timeout=connect_timeout,
+        max_message_size=max_message_size,
+    )
     with single_unwrapped():
         async with trio.open_nursery() as nursery:
             await nursery.start(client._links, ws)
@@ -432,15 +529,28 @@ async def open_client(
             try:
                 yield client
             finally:
+                # Left by cancellation: say close, but wait only briefly for anything.
+                patience = CANCEL_GRACE if _cancelled() else CLOSE_TIMEOUT
                 with trio.CancelScope(shield=True):
-                    await client._close()
+                    await client._close(patience)
                     # Let the connection end on its own (the server closes it after
                     # ``closed``): cancelling it would stop trio-websocket's reader, and a
                     # close handshake then waits for a reply nobody reads.
-                    with trio.move_on_after(CLOSE_TIMEOUT):
+                    with trio.move_on_after(patience):
                         await client._links_done.wait()
                 nursery.cancel_scope.cancel()
 
 
-class _Lost(Exception):
+def _cancelled() -> bool:
+    """Whether the calling task is being cancelled (an enclosing scope is)."""
+    return trio.current_effective_deadline() == -math.inf
+
+
+def _too_large(ws: Any) -> bool:
+    """Whether ``ws`` was closed for a frame over a side's limit (1009, either side)."""
+    closed = getattr(ws, "closed", None)
+    return closed is not None and getattr(closed, "code", None) == 1009
+
+
+class Lost(Exception):
     """The connection closed during a handshake."""

@@ -1,25 +1,42 @@
 """``vrt.connect``: open the client's WebSocket connections to a URL and run a client on them.
 
 Every connection, the first and each resume's, is opened here (TCP, TLS for ``wss://``,
-the HTTP upgrade); :mod:`vrt._net.client` pumps the protocol on them.
+the HTTP upgrade) under the attempt's deadline (``connect_timeout``, which the client also
+holds over the ``welcome``); :mod:`vrt._net.client` pumps the protocol on them. A peer that
+closes or answers nonsense during the upgrade is an error at once, never a hang.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import ssl
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import trio
-from trio_websocket import ConnectionRejected, WebSocketConnection, wrap_client_stream
+from trio_websocket import (
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
 
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.tools import AppTool
 from vrt._errors import RemoteProtocolError
-from vrt._net import client as _client
-from vrt._net.client import RESUME_TIMEOUT, Client, open_client
+from vrt._net.accept import GuardedStream
+from vrt._net.client import (
+    CANCEL_GRACE,
+    CLOSE_TIMEOUT,
+    CONNECT_TIMEOUT,
+    RESUME_TIMEOUT,
+    Client,
+    Lost,
+    open_client,
+)
 from vrt._wire import messages as m
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
@@ -34,93 +51,152 @@ async def connect(
     headers: Sequence[tuple[str, str]] = (),
     resume: bool = True,
     resume_timeout: float = RESUME_TIMEOUT,
+    connect_timeout: float = CONNECT_TIMEOUT,
 ) -> AsyncIterator[Client]:
     """Connect to a vrt/1 server and open a session, hosting the app ``tools``.
 
-    Raises :class:`~vrt.RemoteProtocolError` if the server refuses the hello (e.g. an app
-    tool named like a server tool: ``TOOL_CONFLICT``) or the upgrade (``HTTP_401``, ...:
-    ``authenticate`` or the origin check). ``headers`` go with every upgrade request (for
-    instance ``[("authorization", "Bearer ...")]``).
+    Each connection attempt (TCP, TLS, the upgrade, the ``welcome``) must be done within
+    ``connect_timeout`` seconds. Raises :class:`~vrt.RemoteProtocolError` if the server
+    refuses the hello (e.g. an app tool named like a server tool: ``TOOL_CONFLICT``) or the
+    upgrade (``HTTP_401``, ...: ``authenticate`` or the origin check), answers what is not
+    a WebSocket upgrade (``HANDSHAKE``), closes the connection during the handshake on
+    every try (``CLOSED``) or does not welcome the client within ``connect_timeout``
+    (``TIMEOUT``); an OSError if nothing accepts the TCP connection. ``headers`` go with
+    every upgrade request (for instance ``[("authorization", "Bearer ...")]``).
 
     A lost connection is resumed (``resume=True``): the client reconnects with backoff
     while the app sees :class:`~vrt.Reconnecting`, then :class:`~vrt.Resumed` and the
     events it missed, in order; a running app tool goes on and its result goes through
-    after the resume. If the server refuses the resume, :class:`~vrt.Closed` with reason
-    ``expired``; if no connection resumes it within ``resume_timeout`` seconds, ``lost``.
+    after the resume. A failed or timed-out attempt is one attempt of the backoff. If the
+    server refuses the resume, :class:`~vrt.Closed` with reason ``expired``; if no
+    connection resumes it within ``resume_timeout`` seconds, ``lost``. A frame over
+    ``max_message_size`` from either side (close code 1009) ends the session,
+    ``Closed("too_large")``: resuming would replay it.
+
+    ``max_message_size`` (1 MiB, the server's default) bounds the frames both ways: a
+    larger one from the server is refused; ``send_text`` raises ValueError rather than
+    send one, and an app tool's output over it is answered FAILED.
 
     Leaving the block ends the session for good (``close``, then waits up to 5 s for
-    ``closed``; while reconnecting it does not wait); cancelling it closes the connection
-    at once. ``capabilities`` is what this client supports (pass ``()`` to act as a client
-    without ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
+    ``closed``; while reconnecting it does not wait). Cancelling it returns within a
+    second in every state: ``close`` is sent if it can be, nothing is waited for long.
+    ``capabilities`` is what this client supports (pass ``()`` to act as a client without
+    ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
     """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
+    for name, value in (("connect_timeout", connect_timeout), ("resume_timeout", resume_timeout)):
+        if not (isinstance(value, int | float) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    if not (isinstance(max_message_size, int) and max_message_size >= 1024):
+        raise ValueError(f"max_message_size must be at least 1024, not {max_message_size!r}")
     secure = parts.scheme == "wss"
-    host = parts.hostname
     port = parts.port or (443 if secure else 80)
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     extra = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in headers]
+    opener = functools.partial(
+        _open_ws, parts.hostname, port, resource, extra, secure, max_message_size
+    )
+    async with open_client(
+        None,
+        tools,
+        capabilities=capabilities,
+        reconnect=opener,
+        resume=resume,
+        resume_timeout=resume_timeout,
+        connect_timeout=connect_timeout,
+        max_message_size=max_message_size,
+    ) as client:
+        yield client
 
-    @asynccontextmanager
-    async def open_ws() -> AsyncIterator[WebSocketConnection]:
-        # We open (and always close) the TCP stream ourselves: trio-websocket's client
-        # leaves it open when the server ends the connection first.
-        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+
+@asynccontextmanager
+async def _open_ws(
+    host: str,
+    port: int,
+    resource: str,
+    headers: list[tuple[bytes, bytes]],
+    secure: bool,
+    max_message_size: int,
+) -> AsyncIterator[WebSocketConnection]:
+    """One WebSocket connection: TCP (and TLS), then the upgrade. A peer that leaves before
+    the upgrade is done raises :class:`~vrt._net.client.Lost` at once."""
+    # We open (and always close) the TCP stream ourselves: trio-websocket's client leaves
+    # it open when the server ends the connection first.
+    tcp = await trio.open_tcp_stream(host, port)
+    guarded = GuardedStream(tcp)
+    stream: trio.abc.Stream = guarded
+    try:
         if secure:
-            stream = await trio.open_ssl_over_tcp_stream(
-                host, port, ssl_context=ssl.create_default_context()
+            stream = trio.SSLStream(
+                guarded, ssl.create_default_context(), server_hostname=host, https_compatible=True
             )
-        else:
-            stream = await trio.open_tcp_stream(host, port)
-        try:
-            with _rejection_as_error(), single_unwrapped():
-                async with trio.open_nursery() as nursery:
+        with _handshake_errors(), single_unwrapped():
+            async with trio.open_nursery() as nursery:
+                with trio.CancelScope() as upgrade:
+                    guarded.on_close = upgrade.cancel  # trio-websocket would wait forever
                     ws = await wrap_client_stream(
                         nursery,
-                        stream,
+                        stream,  # type: ignore[arg-type]
                         host,
                         resource,
-                        extra_headers=extra,
-                        max_message_size=4 * max_message_size,
+                        extra_headers=headers,
+                        max_message_size=max_message_size,
                     )
-                    try:
-                        yield ws
-                    finally:
-                        if ws.closed is None:  # a lost one needs no close handshake
-                            with trio.move_on_after(_client.CLOSE_TIMEOUT) as scope:
-                                scope.shield = True
-                                await ws.aclose()
-                        nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+                    guarded.on_close = None
+                if upgrade.cancelled_caught:
+                    nursery.cancel_scope.cancel()
+                    raise Lost("the server closed the connection during the upgrade")
+                try:
+                    yield ws
+                finally:
+                    if ws.closed is None:  # a lost one needs no close handshake
+                        patience = CANCEL_GRACE if _cancelled() else CLOSE_TIMEOUT
+                        with trio.move_on_after(patience) as scope:
+                            scope.shield = True
+                            await ws.aclose()
+                    nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await tcp.aclose()
 
-    with single_unwrapped():
-        async with (
-            open_ws() as ws,
-            open_client(
-                ws,
-                tools,
-                capabilities=capabilities,
-                reconnect=open_ws if resume else None,
-                resume_timeout=resume_timeout,
-            ) as client,
-        ):
-            yield client
+
+def _cancelled() -> bool:
+    return trio.current_effective_deadline() == -math.inf
 
 
 @contextlib.contextmanager
-def _rejection_as_error() -> Iterator[None]:
-    """A refused upgrade (HTTP 4xx/5xx: trio-websocket's ConnectionRejected, raised from its
-    reader task, unwrapped from the nursery's group) as RemoteProtocolError
-    ``HTTP_<status>``."""
+def _handshake_errors() -> Iterator[None]:
+    """What goes wrong in an upgrade, as :class:`~vrt.RemoteProtocolError`: a refusal
+    (HTTP 4xx/5xx: trio-websocket's ConnectionRejected, raised from its reader task and
+    unwrapped from the nursery's group) is ``HTTP_<status>``; a reply that is not HTTP, or
+    not an upgrade, is ``HANDSHAKE``. The message is short: the status, and the body only
+    when it is a line of plain text (a reason, never an HTML page)."""
     try:
         yield
     except ConnectionRejected as exc:
-        body = (exc.body or b"").decode("utf-8", "replace")[:200]
+        text = f"the server refused the upgrade: HTTP {exc.status_code}"
+        reason = _reason(exc.body)
         raise RemoteProtocolError(
-            f"HTTP_{exc.status_code}",
-            f"the server refused the connection: HTTP {exc.status_code}"
-            + (f" {body}" if body else ""),
+            f"HTTP_{exc.status_code}", text + (f" ({reason})" if reason else "")
         ) from None
+    except (Lost, HandshakeError, trio.Cancelled, RemoteProtocolError):
+        raise
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] not in ("h11", "wsproto"):
+            raise
+        # h11/wsproto found the reply broken (trio-websocket lets it escape its reader)
+        raise RemoteProtocolError(
+            "HANDSHAKE", f"the server's reply is not a WebSocket upgrade ({type(exc).__name__})"
+        ) from None
+
+
+def _reason(body: bytes | None) -> str | None:
+    """A refusal's body if it is a short line of printable text, else None."""
+    if not body or len(body) > 80:
+        return None
+    text = body.decode("ascii", "replace")
+    if not text.isprintable() or "<" in text:
+        return None
+    return text.strip() or None

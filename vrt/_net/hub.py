@@ -95,6 +95,12 @@ class Hub:
                 elif late:
                     log.debug("%s: no upgrade within the handshake timeout", _address(stream))
                 nursery.cancel_scope.cancel()
+        except Exception as exc:
+            # trio-websocket's reader task can fail on what a peer sends (wsproto refusing
+            # to send its own close in a state the peer brought about): that costs this
+            # connection only, and is the peer's doing, so it is no error of ours.
+            log.debug("%s: connection dropped: %r", _address(stream), exc)
+            late = True
         finally:
             handshake_done()
             if guarded.gone or guarded.aborted or late:
@@ -144,6 +150,8 @@ class Hub:
             if hello is None:
                 await send_and_close(ws, proto.take_outbox())
                 return
+            if isinstance(ws, WebSocketConnection):  # at once: frames may follow the hello
+                open_to_messages(ws, options.max_message_size)
             if hello.resume is not None:
                 actor = self._resume(hello, proto, principal)
                 if actor is None:
@@ -155,8 +163,6 @@ class Hub:
                 self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
                 log.info("session %s opened for %s", proto.session_id, _shown(peer))
                 await self.nursery.start(actor.run)
-            if isinstance(ws, WebSocketConnection):
-                open_to_messages(ws, options.max_message_size)
             await actor.carry(ws, stream)
         except Exception:  # a bug must cost one connection, never the server
             log.exception("connection failed")

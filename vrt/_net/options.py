@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from vrt._wire import messages as m
-from vrt._wire.endpoint import REPLAY_LIMIT
+from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
 HIGH_WATER = 4000
@@ -22,7 +22,7 @@ HANDSHAKE_TIMEOUT = 10.0
 MAX_PENDING_CONNECTIONS = 256
 MAX_SESSIONS_PER_PEER = 20
 FIRST_TURN_TIMEOUT = 300.0
-REPLAY_LIMIT_BYTES = 2 * 1024 * 1024
+MAX_HISTORY_BYTES = 1024 * 1024
 MIN_MESSAGE_SIZE = 1024
 """The smallest ``max_message_size``: every frame the server makes itself must fit."""
 
@@ -44,6 +44,7 @@ class Options:
     max_pending_connections: int = MAX_PENDING_CONNECTIONS
     max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
     first_turn_timeout: float = FIRST_TURN_TIMEOUT
+    max_history_bytes: int = MAX_HISTORY_BYTES
     authenticate: Any = None
     """``async (vrt.HandshakeRequest) -> principal`` (see ``vrt.serve``), or None."""
     allowed_origins: frozenset[str] | None = None

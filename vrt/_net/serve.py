@@ -21,6 +21,7 @@ from vrt._net.hub import Hub
 from vrt._net.options import (
     FIRST_TURN_TIMEOUT,
     HANDSHAKE_TIMEOUT,
+    MAX_HISTORY_BYTES,
     MAX_MESSAGES_PER_SECOND,
     MAX_OPEN_CALLS,
     MAX_PENDING_CONNECTIONS,
@@ -28,7 +29,6 @@ from vrt._net.options import (
     MAX_SESSIONS,
     MAX_SESSIONS_PER_PEER,
     MIN_MESSAGE_SIZE,
-    REPLAY_LIMIT_BYTES,
     RESUME_WINDOW,
     Options,
     count,
@@ -36,7 +36,7 @@ from vrt._net.options import (
 )
 from vrt._net.upgrade import Authenticate, HandshakeRequest, Refuse
 from vrt._wire import messages as m
-from vrt._wire.endpoint import REPLAY_LIMIT
+from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
 __all__ = ["HandshakeRequest", "Refuse", "Server", "serve"]
@@ -77,6 +77,7 @@ async def serve(
     max_pending_connections: int = MAX_PENDING_CONNECTIONS,
     max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER,
     first_turn_timeout: float = FIRST_TURN_TIMEOUT,
+    max_history_bytes: int = MAX_HISTORY_BYTES,
     authenticate: Authenticate | None = None,
     allowed_origins: Collection[str] | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
@@ -86,30 +87,43 @@ async def serve(
     Use ``server = await nursery.start(vrt.serve, agent, host, 0)`` to learn the real
     port. ``capabilities`` is what this server supports (pass ``()`` to act as a server
     without ``tool-stream-v1``). On cancellation every open session is sent ``closed``
-    with reason ``shutdown`` and its connection closed.
+    with reason ``shutdown`` and its connection closed. Raises OSError at once if it cannot
+    listen (a busy port, an unknown host), ValueError for a bad option.
 
     Safety (each has a default; see the README's "Running the server safely"):
 
+    - ``handshake_timeout`` (10 s): from the TCP accept to a valid ``hello`` (the HTTP
+      upgrade, ``authenticate`` and the hello); a peer slower than that is cut off.
+    - ``max_pending_connections`` (256): connections still in their handshake; beyond it a
+      new connection is closed at once. A peer that leaves mid-handshake is forgotten at
+      once. Running out of file descriptors is one warning a time, not a log flood.
+    - ``max_sessions`` (1,000): live sessions, detached ones included; a new session over
+      it is refused (``error`` ``RATE_LIMITED``, ``closed`` ``rejected``).
+    - ``max_sessions_per_peer`` (20): the same, per principal (what ``authenticate``
+      returns) or, without one, per remote IP address.
+    - ``first_turn_timeout`` (300 s): a session that starts no turn by then is closed
+      (``expired``).
     - ``resume_window`` (30 s): how long a session whose connection dropped is kept for
       the client to resume; turns and server tools go on meanwhile. Then it closes
       (``expired``). 0 ends a session with its connection.
-    - ``max_sessions`` (1,000): live sessions, detached ones included; a new session over
-      it is refused (``error`` ``RATE_LIMITED``, ``closed`` ``rejected``).
     - ``max_open_calls`` (64): calls of one turn without a result; a call over it fails at
       once (FAILED) and the model gets that result.
     - ``max_queued_app_calls`` (32): app calls waiting for the app; one over it FAILED.
     - ``max_messages_per_second`` (100, a one-second burst): inbound frames per
       connection; frames over it are read more slowly (never dropped) and the client
-      gets ``error`` ``RATE_LIMITED`` once; after :data:`RATE_CLOSE_AFTER` seconds of
+      gets ``error`` ``RATE_LIMITED`` once; after 5 seconds of
       that, the session is closed (``server``).
-    - ``replay_limit`` (10,000 messages): the replay buffer; the model is held while the
-      client is 40 % of it behind, and a client that stops reading for 30 s is closed
-      (``overflow``).
-    - ``handshake_timeout`` (10 s): a peer that has not sent a valid ``hello`` by then is
-      disconnected.
-    - ``max_message_size`` (1 MiB): a text frame over it is answered ``TOO_LARGE`` and the
-      session goes on; one over four times that is refused by the WebSocket layer (close
-      code 1009).
+    - ``replay_limit`` (10,000 messages) and ``replay_limit_bytes`` (2 MiB): the replay
+      buffer, and each connection's unwritten backlog; the model is held while the client
+      is 40 % of either behind; over the limit, or held 30 s without progress, the session
+      closes (``overflow``) and a connection stuck behind unread frames is reset at once.
+    - ``max_message_size`` (1 MiB, at least 1,024): a frame over it in characters closes
+      the connection (1009; a hello over 64 KiB too); one within it in characters but over
+      it in UTF-8 bytes is answered ``TOO_LARGE`` and the session goes on. The server sends
+      no frame over it (``vrt.connect``'s default is the same): a call's arguments are
+      bounded to an eighth of it (a call over fails), ``ctx.emit`` progress to half.
+    - ``max_history_bytes`` (1 MiB): past it, the oldest whole turns are dropped from
+      what the model is sent.
     - ``authenticate``: ``async (vrt.HandshakeRequest) -> principal``, run before the
       upgrade; raise :class:`vrt.Refuse` (or return None: 401) to refuse the upgrade with
       an HTTP status. The principal reaches server tools as ``ctx.principal``, and a resume
@@ -137,6 +151,7 @@ async def serve(
         max_pending_connections=count("max_pending_connections", max_pending_connections),
         max_sessions_per_peer=count("max_sessions_per_peer", max_sessions_per_peer),
         first_turn_timeout=positive_number("first_turn_timeout", first_turn_timeout),
+        max_history_bytes=count("max_history_bytes", max_history_bytes),
         authenticate=authenticate,
         allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
     )

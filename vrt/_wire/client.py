@@ -24,7 +24,7 @@ from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION, Machine, StrictMac
 from vrt._errors import InvalidTransition
 from vrt._wire import codec
 from vrt._wire import messages as m
-from vrt._wire.endpoint import Endpoint
+from vrt._wire.endpoint import Endpoint, FrameTooLarge
 
 _VIEW_EVENT = {
     Phase.ARGUMENTS_DELTA: "delta",
@@ -81,6 +81,10 @@ class _AppCall:
     def __init__(self, message: m.ToolCallMessage) -> None:
         self.message = message
         self.machine: Machine | StrictMachine = APP_CALL.new()
+
+
+MESSAGE_KEPT = 1000
+"""Characters of an app tool's failure message sent to the server (the rest is cut)."""
 
 
 class ClientProtocol(Endpoint):
@@ -372,9 +376,17 @@ class ClientProtocol(Endpoint):
             ok=result.ok,
             output=result.output if result.ok else None,
             code=None if result.code is None else str(result.code),
-            message=result.message,
+            message=None if result.message is None else result.message[:MESSAGE_KEPT],
         )
-        self.send(m.ToolResultMessage, call_id=msg.call_id, epoch=msg.epoch, result=wire)
+        try:
+            self.send(m.ToolResultMessage, call_id=msg.call_id, epoch=msg.epoch, result=wire)
+        except FrameTooLarge:  # an output the server would refuse: a result it takes
+            wire = m.WireResult(
+                ok=False,
+                code=str(ResultCode.FAILED),
+                message=f"the app tool's output is over the frame limit ({self.max_frame} bytes)",
+            )
+            self.send(m.ToolResultMessage, call_id=msg.call_id, epoch=msg.epoch, result=wire)
         answers = self.answers
         answers[msg.call_id] = wire
         if len(answers) > ANSWERS_KEPT:
