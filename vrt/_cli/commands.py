@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import logging
+import math
 import os
 import signal
 import sys
@@ -16,6 +18,21 @@ import trio
 import vrt
 from vrt import check as vrt_check
 from vrt._cli.demo import FAST, run_demo
+from vrt._engine.groups import single_unwrapped
+from vrt._net.options import (
+    FIRST_TURN_TIMEOUT,
+    HANDSHAKE_TIMEOUT,
+    MAX_HISTORY_BYTES,
+    MAX_MESSAGES_PER_SECOND,
+    MAX_OPEN_CALLS,
+    MAX_PENDING_CONNECTIONS,
+    MAX_QUEUED_APP_CALLS,
+    MAX_SESSIONS,
+    MAX_SESSIONS_PER_PEER,
+    RESUME_WINDOW,
+)
+from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
+from vrt._wire.server import MAX_MESSAGE_SIZE
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -68,10 +85,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("target", metavar="MODULE:AGENT", help="e.g. myapp.agents:agent")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
-        "--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)"
+        "--port", type=_port, default=8765, help="0 picks a free port (default: %(default)s)"
     )
     for flag, kind, default, text in _SAFETY:
         serve.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="what the server logs to stderr: connections, sessions and their ends at info "
+        "(default: %(default)s)",
+    )
     serve.add_argument(
         "--allowed-origin",
         action="append",
@@ -154,15 +178,57 @@ def load_agent(target: str) -> vrt.Agent:
     return agent
 
 
-_SAFETY: list[tuple[str, type, float, str]] = [
-    ("--resume-window", float, 30.0, "seconds a dropped session waits for its client"),
-    ("--max-sessions", int, 1000, "live sessions"),
-    ("--max-open-calls", int, 64, "calls of one turn without a result"),
-    ("--max-queued-app-calls", int, 32, "app calls waiting for the app"),
-    ("--max-messages-per-second", float, 100.0, "inbound frames per connection"),
-    ("--replay-limit", int, 10_000, "unacked messages kept for a resume"),
-    ("--handshake-timeout", float, 10.0, "seconds to a valid hello"),
-    ("--max-message-size", int, 1 << 20, "bytes per frame"),
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, not {text!r}")
+    return port
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (0 or more), not {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}")
+    return value
+
+
+_SAFETY: list[tuple[str, Callable[[str], object], object, str]] = [
+    ("--resume-window", _seconds, RESUME_WINDOW, "seconds a dropped session waits for its client"),
+    ("--handshake-timeout", _positive, HANDSHAKE_TIMEOUT, "seconds from connect to a valid hello"),
+    ("--max-pending-connections", _count, MAX_PENDING_CONNECTIONS, "connections in handshake"),
+    ("--max-sessions", _count, MAX_SESSIONS, "live sessions"),
+    ("--max-sessions-per-peer", _count, MAX_SESSIONS_PER_PEER, "sessions per principal or IP"),
+    ("--first-turn-timeout", _positive, FIRST_TURN_TIMEOUT, "seconds to a session's first turn"),
+    ("--max-open-calls", _count, MAX_OPEN_CALLS, "calls of one turn without a result"),
+    ("--max-queued-app-calls", _count, MAX_QUEUED_APP_CALLS, "app calls waiting for the app"),
+    ("--max-messages-per-second", _positive, MAX_MESSAGES_PER_SECOND, "frames in, per link"),
+    ("--replay-limit", _count, REPLAY_LIMIT, "unacked messages kept for a resume"),
+    ("--replay-limit-bytes", _count, REPLAY_LIMIT_BYTES, "unacked or unsent bytes kept"),
+    ("--max-message-size", _count, MAX_MESSAGE_SIZE, "bytes per frame, at least 1024"),
+    ("--max-history-bytes", _count, MAX_HISTORY_BYTES, "history kept for the model, bytes"),
 ]
 
 
@@ -172,6 +238,11 @@ def _serve(args: argparse.Namespace) -> int:
         flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
         for flag, *_ in _SAFETY
     }
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
     async def run() -> None:
         # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
@@ -191,11 +262,21 @@ def _serve(args: argparse.Namespace) -> int:
                 )
                 print(f"vrt serve: {args.target} on {server.url}", flush=True)
                 async for _ in signals:
+                    logging.getLogger("vrt.server").info("shutting down")
                     nursery.cancel_scope.cancel()  # every session gets closed(shutdown)
                     break
         raise KeyboardInterrupt  # the exit status of an interrupted command: 130
 
-    trio.run(run)
+    try:
+        with single_unwrapped():
+            trio.run(run)
+    except OSError as exc:  # a busy port, an address that is not this machine's
+        where = f"{args.host}:{args.port}"
+        print(f"vrt serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # an option vrt.serve refuses
+        print(f"vrt serve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

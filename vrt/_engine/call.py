@@ -202,10 +202,13 @@ class Call:
             await self._run_app(self.app)
             return
         if registered is None:
-            self._settle(
-                "decline",
-                ToolResult.failure(ResultCode.FAILED, f"no tool named {self.name!r} is available"),
-            )
+            message = f"no tool named {self.name!r} is available"
+            if self.name in self.turn.session.ignored_app_tools:
+                message += (
+                    ": the client hosts it as an app tool, but the agent does not accept app "
+                    "tools (define_agent(client_tools='accept') offers them to the model)"
+                )
+            self._settle("decline", ToolResult.failure(ResultCode.FAILED, message))
             return
         if not self._send("allow"):
             return

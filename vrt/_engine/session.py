@@ -47,6 +47,11 @@ class Session:
         self.session_id = session_id
         self.app_host = app_host
         self.app_tools: dict[str, RegisteredApp] = {}
+        self.ignored_app_tools = frozenset(
+            () if agent.client_tools == "accept" else (spec.name for spec in app_tools)
+        )
+        """App tools the client hosts that the agent does not offer (``client_tools``
+        is ``"ignore"``): named in the failure of a call to one."""
         if agent.client_tools == "accept":
             self.app_tools = {
                 spec.name: RegisteredApp(spec=spec, check_schema=schema_validator(spec.parameters))

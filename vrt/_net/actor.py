@@ -141,6 +141,7 @@ class SessionActor:
             self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
+            log.info("session %s ended (%s)", self.log_id, self.proto.closed_reason)
             self.flush()
             self._drop_link()
 
@@ -156,6 +157,13 @@ class SessionActor:
             app_host=self,
             principal=self.principal,
         )
+        if session.ignored_app_tools:
+            log.warning(
+                "session %s: the client hosts app tools (%s) that the agent does not offer "
+                "to the model: pass client_tools='accept' to define_agent to offer them",
+                self.log_id,
+                ", ".join(sorted(session.ignored_app_tools)[:5]),
+            )
         session.run_in(nursery)
         session.pace = self._pace
         session.max_open_calls = self.options.max_open_calls
@@ -206,6 +214,7 @@ class SessionActor:
     def resume(self, hello: m.Hello) -> None:
         """A new connection resumes the session: the newest wins, the old one is closed."""
         session = self.session
+        log.info("session %s resumed", self.log_id)
         self.proto.resume(hello, session.epoch if session is not None else 0)
         self._drop_link()
         _set(self._attached)

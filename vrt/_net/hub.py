@@ -84,6 +84,7 @@ class Hub:
                 late = scope.cancelled_caught and not guarded.gone
                 if upgraded is not None:
                     ws, principal = upgraded
+                    log.info("connection from %s", _remote(stream))
                     await self.serve_connection(
                         ws,
                         principal,
@@ -246,6 +247,14 @@ def _address(stream: trio.SocketStream) -> str:
         return str(stream.socket.getpeername()[0])
     except OSError:
         return "unknown"
+
+
+def _remote(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"
 
 
 def _peer(principal: Any, stream: trio.SocketStream) -> tuple[str, Any]:

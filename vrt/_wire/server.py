@@ -51,6 +51,8 @@ class ServerProtocol(Endpoint):
         """The Session machine: ``handshaking`` until hello is accepted, ``open``,
         ``detached`` while no connection carries the session, ``closed``."""
         self.capabilities: tuple[str, ...] = ()
+        self.closed_reason: str | None = None
+        """Why the session closed (the ``closed`` reason), once it has."""
         self.app_tools: tuple[m.ToolDecl, ...] = ()
 
     @property
@@ -126,6 +128,7 @@ class ServerProtocol(Endpoint):
             return
         in_session = self.in_session
         self.machine.send("close")
+        self.closed_reason = reason
         if in_session:
             self.send(m.ClosedMessage, reason=reason)
         else:
@@ -149,6 +152,7 @@ class ServerProtocol(Endpoint):
     def expire(self) -> None:
         """The resume window ran out while detached: closed, nothing sent."""
         self.machine.send("expire")
+        self.closed_reason = "expired"
         self.outbox.clear()
 
     def can_resume(self, last_seq: int) -> bool:
