@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
@@ -58,3 +60,25 @@ def test_readme_links_point_into_the_clone() -> None:
     assert "docs/protocol.md" in local
     for link in local:
         assert (root / link).exists(), link
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)\n```", README, re.S)
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks())))
+def test_every_python_block_runs(index: int, tmp_path: Path) -> None:
+    """Every Python block of the README is a program that runs as written, in a fresh
+    interpreter, and exits (a server it starts is stopped). Placeholders are marked in a
+    comment and already filled with something that runs."""
+    block = _python_blocks()[index]
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

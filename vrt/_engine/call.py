@@ -175,7 +175,7 @@ class Call:
             try:
                 decision = await hook(info)
             except Exception as exc:
-                log.exception("before_tool_call hook raised for call %s", self.call_id)
+                _failed("the before_tool_call hook", self.call_id, exc)
                 self._settle(
                     "decline",
                     ToolResult.failure(
@@ -218,7 +218,7 @@ class Call:
             self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
             return
         except Exception as exc:
-            log.exception("validating arguments of call %s raised", self.call_id)
+            _failed("validating the arguments", self.call_id, exc)
             self._settle(
                 "finish",
                 ToolResult.failure(ResultCode.FAILED, f"validation failed: {_describe(exc)}"),
@@ -299,7 +299,7 @@ class Call:
                 ResultCode.TIMEOUT, f"no result within {tool.timeout:g} s; the run was cancelled"
             )
         except Exception as exc:
-            log.exception("server tool %r raised (call %s)", self.name, self.call_id)
+            _failed(f"server tool {self.name!r}", self.call_id, exc)
             return ToolResult.failure(ResultCode.FAILED, _describe(exc))
 
     def progress(self, progress: Any) -> None:
@@ -381,6 +381,14 @@ def _too_large(limit: int) -> str:
 
 def _not_json(token: str) -> Any:
     raise ValueError(f"{token} is not JSON")
+
+
+def _failed(what: str, call_id: str, exc: Exception) -> None:
+    """Log user code that raised for a call (a tool, the hook, a validator): the call ends
+    FAILED with the exception's text, a result like any other, so a warning line, and the
+    traceback at DEBUG (a client can steer the model into it: never an ERROR)."""
+    log.warning("%s raised for call %s: %s", what, call_id, _describe(exc))
+    log.debug("%s raised for call %s", what, call_id, exc_info=exc)
 
 
 def _describe(exc: BaseException) -> str:

@@ -113,10 +113,14 @@ class SessionActor:
 
     def written(self) -> None:
         """The writer sent a frame: a model held for the backlog may go on."""
-        if self._acked is not None:
-            link = self.link
-            if link is None or link.backlog <= self.options.high_water_bytes:
-                _set(self._acked)
+        if self._acked is not None and self._draining():
+            _set(self._acked)
+
+    def _draining(self) -> bool:
+        """Whether the current connection's backlog is under the high water mark: a client
+        that acks what it never read (its socket full) is not making progress."""
+        link = self.link
+        return link is None or link.backlog <= self.options.high_water_bytes
 
     # -- the session's life (in the hub's nursery) ----------------------------------------------
 
@@ -269,8 +273,8 @@ class SessionActor:
         self.flush()
         if proto.ack_due:
             self.hub.acks.due(self._send_ack)
-        if proto.acked_by_peer != acked:
-            _set(self._acked)
+        if proto.acked_by_peer != acked and self._draining():
+            _set(self._acked)  # acks wake a held model only while the writer makes headway
         if proto.state == "closed":  # the client's ``close``
             self.end("client")
 
@@ -279,8 +283,8 @@ class SessionActor:
         over the high water mark, or unacked or unwritten bytes over 40 % of
         ``replay_limit_bytes``.
 
-        A connected client that makes no progress (acks nothing, reads nothing) for
-        STALL_TIMEOUT seconds while held has stopped reading: the session closes with
+        A connected client that makes no progress for STALL_TIMEOUT seconds while held (no
+        ack, or acks while the frames pile up unread: it acks blindly) has stopped reading: the session closes with
         ``overflow`` (it could never catch up within the buffer). A detached one is waited
         for until the resume window ends.
         """
