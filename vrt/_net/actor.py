@@ -98,15 +98,16 @@ class SessionActor:
                 self._overflow(f"{link.backlog} bytes the client has not read")
                 return
         if proto.overflowed and proto.in_session:
-            self._overflow("the replay buffer is full")
+            self._overflow("the replay buffer is full", stuck=False)
 
-    def _overflow(self, why: str) -> None:
-        """Close the session (``overflow``). A connection whose writer is stuck behind
-        frames the client does not read is dropped at once (its socket holds what it did not
-        read); one that still drains takes ``closed`` like any other close."""
+    def _overflow(self, why: str, *, stuck: bool = True) -> None:
+        """Close the session (``overflow``). A connection stuck behind frames the client
+        does not read is dropped at once (its socket holds what it did not read); one that
+        still drains (``stuck=False`` and little backlog) takes ``closed`` like any other
+        close."""
         log.info("session %s closed (overflow): %s", self.log_id, why)
         link = self.link
-        if link is not None and link.backlog > self.options.high_water_bytes:
+        if link is not None and (stuck or link.backlog > self.options.high_water_bytes):
             self.link = None
             link.abort()
         self.end("overflow")

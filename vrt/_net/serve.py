@@ -155,6 +155,11 @@ async def serve(
         authenticate=authenticate,
         allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
     )
+    if options.replay_limit_bytes < 2 * max_message_size:
+        raise ValueError(
+            f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "
+            f"max_message_size ({max_message_size}): one frame must fit with room to spare"
+        )
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:
         async with trio.open_nursery() as nursery:

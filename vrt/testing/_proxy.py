@@ -12,6 +12,9 @@ class LoopbackProxy:
     drops every connection through it at once, both ways, as a network failure would.
 
     ``port = await nursery.start(proxy.run)``; new connections keep working after a cut.
+    :attr:`misbehave` makes it a broken load balancer for new connections: ``"close"``
+    accepts and closes them at once, ``"stall"`` accepts them and never answers (they are
+    closed when :attr:`misbehave` is set back to None); None (the default) pipes them.
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -21,6 +24,8 @@ class LoopbackProxy:
         self.connections = 0
         """Connections accepted so far."""
         self._scopes: set[trio.CancelScope] = set()
+        self.misbehave: str | None = None
+        self._healed = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status`` gets the proxy's port."""
@@ -35,6 +40,12 @@ class LoopbackProxy:
                 for listener in listeners:
                     await listener.aclose()
 
+    def heal(self) -> None:
+        """Pipe new connections again (``misbehave = None``) and close the stalled ones."""
+        self.misbehave = None
+        self._healed.set()
+        self._healed = trio.Event()
+
     def cut(self) -> int:
         """Drop every open connection; returns how many."""
         scopes, self._scopes = self._scopes, set()
@@ -44,6 +55,13 @@ class LoopbackProxy:
 
     async def _pipe(self, downstream: trio.SocketStream) -> None:
         self.connections += 1
+        if self.misbehave == "close":
+            await downstream.aclose()
+            return
+        if self.misbehave == "stall":
+            async with downstream:
+                await self._healed.wait()
+            return
         scope = trio.CancelScope()
         self._scopes.add(scope)
         try:

@@ -1,0 +1,692 @@
+"""Hostile peers and bad networks, over loopback: each finding of the hardening issue (the
+probes in ../shared/probes/hostile) as a bounded regression test.
+
+Client: vrt.connect against servers that close, stall, dribble or answer nonsense; resume
+through a proxy that misbehaves and recovers; a frame over its limit; cancellation.
+Server: handshakes that never finish, a flood of connections under a low fd limit, blind
+acks, zombie connections after an overflow, unfinished frames, preview amplification,
+session floods, absurd epochs, the input-then-close race. No peer may make the server log
+an ERROR: every test here checks it (``no_errors``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import vrt
+from tests.test_wire_errors import chat_agent, connected, serving, session
+from vrt._net import actor as _actor
+from vrt.testing import LoopbackProxy
+
+HOST = "127.0.0.1"
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(autouse=True)
+def no_errors(caplog: pytest.LogCaptureFixture) -> Any:
+    """No ERROR (or worse) from vrt's loggers, and no traceback at all, during the test."""
+    with caplog.at_level(logging.DEBUG, logger="vrt"):
+        yield
+    bad = [r for r in caplog.records if r.name.startswith("vrt") and r.levelno >= logging.ERROR]
+    assert not bad, [r.getMessage() for r in bad]
+    traced = [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG]
+    assert not traced, [r.getMessage() for r in traced]
+
+
+# -- raw peers -----------------------------------------------------------------------------------
+
+UPGRADE = (
+    b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def ws_frame(payload: bytes, *, declared: int | None = None, opcode: int = 1) -> bytes:
+    """A client text frame (zero mask: valid, and no cost to mask megabytes); ``declared``
+    announces more payload than is given (an unfinished frame)."""
+    n = len(payload) if declared is None else declared
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    return head + b"\0\0\0\0" + payload
+
+
+def message(type_: str, seq: int, **fields: Any) -> bytes:
+    return ws_frame(json.dumps({"type": type_, "seq": seq, **fields}).encode())
+
+
+HELLO = message("hello", 1, protocol="vrt/1", capabilities=["tool-stream-v1"], tools=[])
+
+
+async def raw_upgraded(port: int, *, local: str | None = None) -> trio.SocketStream:
+    """A TCP connection past its WebSocket upgrade (the 101 read, nothing else)."""
+    stream = await trio.open_tcp_stream(HOST, port, local_address=local)
+    await stream.send_all(UPGRADE)
+    data = b""
+    with trio.fail_after(2):
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"closed during the upgrade: {data!r}"
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 101"), data
+    return stream
+
+
+async def closed_by_server(stream: trio.SocketStream, within: float) -> float:
+    """Read (and drop) until the server closes or resets ``stream``; the seconds it took."""
+    start = trio.current_time()
+    with trio.fail_after(within):
+        try:
+            while await stream.receive_some(1 << 16):
+                pass
+        except trio.BrokenResourceError:
+            pass  # reset: the server dropped it at once
+    return trio.current_time() - start
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def until(condition: Callable[[], bool], *, within: float) -> None:
+    """Poll ``condition`` (something no event tells: the process's descriptors)."""
+    with trio.fail_after(within):
+        while not condition():  # noqa: ASYNC110 - nothing to wait on but the kernel
+            await trio.sleep(0.01)
+
+
+# -- the client against broken servers -----------------------------------------------------------
+
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+def _accept_key(request: bytes) -> str:
+    key = next(
+        line.split(b":", 1)[1].strip()
+        for line in request.split(b"\r\n")
+        if line.lower().startswith(b"sec-websocket-key")
+    )
+    digest = hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+    return base64.b64encode(digest).decode()
+
+
+async def _request(stream: trio.SocketStream) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _switching(request: bytes) -> bytes:
+    return (
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Accept: {_accept_key(request)}\r\n\r\n"
+    ).encode()
+
+
+async def close_at_once(stream: trio.SocketStream) -> None:
+    await stream.aclose()
+
+
+async def never_answer(stream: trio.SocketStream) -> None:
+    await _request(stream)
+    await trio.sleep_forever()
+
+
+async def switch_then_silence(stream: trio.SocketStream) -> None:
+    await stream.send_all(_switching(await _request(stream)))
+    await trio.sleep_forever()
+
+
+async def switch_then_close(stream: trio.SocketStream) -> None:
+    await stream.send_all(_switching(await _request(stream)))
+    await stream.aclose()
+
+
+async def garbage(stream: trio.SocketStream) -> None:
+    await _request(stream)
+    await stream.send_all(b"\x00\xffgarbage\r\n\r\n" * 10)
+    await trio.sleep_forever()
+
+
+async def a_web_page(stream: trio.SocketStream) -> None:
+    await _request(stream)
+    page = b"<html><body>" + b"Welcome to our site! " * 50 + b"</body></html>"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n"
+    await stream.send_all(head % len(page) + page)
+    await trio.sleep_forever()
+
+
+async def status_line_a_byte_a_second(stream: trio.SocketStream) -> None:
+    await _request(stream)
+    for byte in b"HTTP/1.1 101 Switching Protocols\r\n":
+        await stream.send_all(bytes([byte]))
+        await trio.sleep(1)
+
+
+async def switch_then_broken_welcome(stream: trio.SocketStream) -> None:
+    await stream.send_all(_switching(await _request(stream)))
+    payload = b'{"type":"welcome"'
+    await stream.send_all(bytes([0x81, len(payload)]) + payload)
+    await trio.sleep_forever()
+
+
+@asynccontextmanager
+async def fake_server(
+    handler: Callable[[trio.SocketStream], Awaitable[None]],
+) -> AsyncIterator[int]:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host=HOST))
+        yield listeners[0].socket.getsockname()[1]
+        nursery.cancel_scope.cancel()
+
+
+CONNECT_TIMEOUT = 1.0
+
+
+@pytest.mark.parametrize(
+    ("handler", "code"),
+    [
+        (close_at_once, "CLOSED"),
+        (never_answer, "TIMEOUT"),
+        (switch_then_silence, "TIMEOUT"),
+        (switch_then_close, "CLOSED"),
+        (garbage, "HANDSHAKE"),
+        (a_web_page, "HTTP_200"),
+        (status_line_a_byte_a_second, "TIMEOUT"),
+        (switch_then_broken_welcome, "TIMEOUT"),
+    ],
+)
+async def test_connect_to_a_broken_server_fails_within_its_timeout(
+    handler: Handler, code: str
+) -> None:
+    """Probe a11: each of these hung vrt.connect (45-100 s and counting), or leaked h11's
+    LocalProtocolError, or put the page's HTML in the message."""
+    async with fake_server(handler) as port:
+        start = trio.current_time()
+        with trio.fail_after(CONNECT_TIMEOUT + 3), pytest.raises(vrt.RemoteProtocolError) as info:
+            async with vrt.connect(f"ws://{HOST}:{port}/", connect_timeout=CONNECT_TIMEOUT):
+                pass
+        elapsed = trio.current_time() - start
+    assert info.value.code == code, info.value
+    assert elapsed < CONNECT_TIMEOUT + 1, elapsed
+    assert "<" not in str(info.value) and len(str(info.value)) < 200, info.value
+
+
+async def test_connect_refused_by_tcp_is_an_oserror_at_once() -> None:
+    listener = trio.socket.socket()
+    await listener.bind((HOST, 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    with trio.fail_after(1), pytest.raises(OSError, match="onnect"):
+        async with vrt.connect(f"ws://{HOST}:{port}/"):
+            pass
+
+
+@vrt.app_tool(description="Echo", parameters={"type": "object"})
+async def echo(args: Any, ctx: Any) -> Any:
+    return args
+
+
+def _two_turns() -> vrt.Agent:
+    return vrt.define_agent(
+        model=vrt.ScriptedModel([[vrt.say("one")], [vrt.say("two")]]), client_tools="accept"
+    )
+
+
+@pytest.mark.parametrize("mode", ["close", "stall"])
+async def test_a_resume_gets_through_a_proxy_that_misbehaves_then_recovers(mode: str) -> None:
+    """Probe a12: after the cut, a proxy that accepted-and-closed (or stalled) new
+    connections for 5 s left the client Reconnecting with one attempt, neither Resumed nor
+    Closed 40 s later. Each failed or stalled attempt is one attempt of the backoff now."""
+    async with serving(_two_turns()) as server, trio.open_nursery() as nursery:
+        proxy = LoopbackProxy(server.port)
+        port = await nursery.start(proxy.run)
+        url = f"ws://{HOST}:{port}/"
+        async with vrt.connect(url, connect_timeout=0.5) as client:
+            async with client.subscribe() as events:
+                await client.send_text("first")
+                async for event in events:
+                    if isinstance(event, vrt.TurnEnded):
+                        break
+                proxy.misbehave = mode
+                proxy.cut()
+                nursery.start_soon(_heal_after, proxy, 2.0)
+                seen = []
+                with trio.fail_after(10):
+                    async for event in events:
+                        seen.append(type(event).__name__)
+                        if isinstance(event, vrt.Resumed):
+                            break
+                    await client.send_text("second")
+                    async for event in events:
+                        if isinstance(event, vrt.TurnEnded):
+                            assert event.reason == "finished"
+                            break
+        assert seen[0] == "Reconnecting" and seen[-1] == "Resumed", seen
+        assert proxy.connections > 3  # several attempts during the bad 2 s
+        nursery.cancel_scope.cancel()
+
+
+async def _heal_after(proxy: LoopbackProxy, seconds: float) -> None:
+    await trio.sleep(seconds)
+    proxy.heal()
+
+
+async def test_a_frame_over_the_clients_limit_ends_the_session_without_resuming() -> None:
+    """Probe a22: a server frame over the client's limit closed 1009; the client resumed,
+    got the same frame replayed, 1009 again: 257 reconnect cycles in 30 s."""
+    big = {"blob": "x" * (1536 * 1024)}  # its arguments-complete frame is over 1 MiB
+    agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.call("echo", big)]]))
+    async with serving(agent, max_message_size=16 << 20, replay_limit_bytes=64 << 20) as server:
+        async with vrt.connect(server.url, max_message_size=1 << 20) as client:
+            async with client.subscribe() as events:
+                await client.send_text("go")
+                with trio.fail_after(5):
+                    seen = [type(event).__name__ async for event in events]
+        assert client.closed == vrt.Closed(reason="too_large")
+    assert "Reconnecting" not in seen and seen[-1] == "Closed", seen
+
+
+async def test_the_client_sends_no_frame_over_its_limit() -> None:
+    """The server would close 1009 and the resume would replay it: the client refuses to
+    send one (ValueError), and an app tool's oversize output is answered FAILED."""
+
+    @vrt.app_tool(description="Big", parameters={"type": "object"})
+    async def big(args: Any, ctx: Any) -> Any:
+        return "y" * (2 << 20)
+
+    agent = vrt.define_agent(
+        model=vrt.ScriptedModel([[vrt.call("big", {})], []]), client_tools="accept"
+    )
+    async with serving(agent) as server, vrt.connect(server.url, tools=[big]) as client:
+        with pytest.raises(ValueError, match="max_message_size"):
+            await client.send_text("z" * (2 << 20))
+        async with client.subscribe() as events:
+            await client.send_text("go")
+            with trio.fail_after(5):
+                async for event in events:
+                    if isinstance(event, vrt.ToolStream) and event.phase == "settled":
+                        settled = event
+                    if isinstance(event, vrt.TurnEnded):
+                        break
+        assert client.closed is None
+    assert settled.ok is False and settled.code == "FAILED"
+
+
+@vrt.server_tool(risk="low", description="Slow", parameters={"type": "object"})
+async def forever(args: Any, ctx: vrt.ToolContext) -> Any:
+    await trio.sleep_forever()
+
+
+async def test_cancelling_connect_mid_turn_returns_within_a_second() -> None:
+    """Probe a18: cancelling a vrt.connect block returned 10 s after the cancel mid-turn."""
+    agent = vrt.define_agent(
+        model=vrt.ScriptedModel([[vrt.say("working"), vrt.call("forever", {})]]), tools=[forever]
+    )
+    async with serving(agent) as server:
+        with trio.CancelScope() as scope:
+            async with vrt.connect(server.url) as client, client.subscribe() as events:
+                await client.send_text("go")
+                async for event in events:
+                    if isinstance(event, vrt.ToolStream):
+                        break
+                scope.cancel()
+                cancelled_at = trio.current_time()
+                await trio.sleep_forever()
+        assert trio.current_time() - cancelled_at < 1.0
+
+
+async def test_cancelling_a_pending_connect_returns_within_a_second() -> None:
+    """Probe a18: ... and 5 s after the cancel while the connection was pending."""
+    async with fake_server(switch_then_silence) as port:
+        with trio.move_on_after(0.3) as pending:
+            async with vrt.connect(f"ws://{HOST}:{port}/"):
+                pass
+        cancelled_at = trio.current_time()
+    assert pending.cancelled_caught
+    assert trio.current_time() - cancelled_at < 1.0
+
+
+# -- the server: handshakes, floods, file descriptors ------------------------------------------
+
+
+async def test_a_connection_that_never_upgrades_is_dropped_at_the_handshake_timeout() -> None:
+    """Probes a01 and a03: idle TCP connections and a slowloris upgrade were held 60 s
+    (trio-websocket's own timeout: handshake_timeout did not cover the HTTP phase)."""
+    async with serving(chat_agent(), handshake_timeout=0.5) as server:
+        idle = await trio.open_tcp_stream(HOST, server.port)
+        slow = await trio.open_tcp_stream(HOST, server.port)
+
+        async def dribble() -> None:
+            for byte in UPGRADE:
+                await slow.send_all(bytes([byte]))
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(dribble)
+            assert await closed_by_server(idle, within=2) < 1.0
+            assert await closed_by_server(slow, within=2) < 1.0
+            nursery.cancel_scope.cancel()
+        for stream in (idle, slow):
+            await stream.aclose()
+
+
+async def test_a_peer_that_leaves_mid_handshake_is_forgotten_at_once() -> None:
+    """Probe a02: 2,000 connect-and-close left 2,000 sockets in CLOSE-WAIT for ~60 s."""
+    async with serving(chat_agent()) as server:
+        await trio.sleep(0.05)
+        before = open_fds()
+        for _ in range(200):
+            stream = await trio.open_tcp_stream(HOST, server.port)
+            await stream.send_all(UPGRADE[:20])
+            await stream.aclose()
+        await until(lambda: open_fds() <= before, within=2)
+        async with session(server) as peer:
+            await peer.run_turn()
+
+
+async def test_connections_over_max_pending_are_closed_at_once() -> None:
+    async with serving(chat_agent(), max_pending_connections=5, handshake_timeout=1.0) as server:
+        held = [await trio.open_tcp_stream(HOST, server.port) for _ in range(5)]
+        await trio.sleep(0.1)
+        try:  # reset at once, not held: the connect itself may see the reset
+            extra = await trio.open_tcp_stream(HOST, server.port)
+        except OSError:
+            pass
+        else:
+            assert await closed_by_server(extra, within=1) < 0.5
+            await extra.aclose()
+        for stream in held:  # the five are dropped at the handshake timeout
+            await closed_by_server(stream, within=2)
+            await stream.aclose()
+        async with session(server) as peer:  # and new ones get in again
+            await peer.run_turn()
+
+
+FLOOD_SERVER = """
+import logging, resource, sys, trio, vrt
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]] * 100))
+async def main():
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(vrt.serve, agent, "127.0.0.1", 0)
+        print(server.port, flush=True)
+        await trio.sleep(60)
+trio.run(main)
+"""
+
+
+async def test_a_connect_and_close_flood_under_a_low_fd_limit_locks_nobody_out() -> None:
+    """Probe a02b: with an fd limit of 1,024, 1,100 connect-and-close locked every
+    legitimate client out for ~60 s and wrote ~1,170 warning lines with tracebacks."""
+    with subprocess.Popen(  # noqa: ASYNC220 - its pipes are read from a thread
+        [sys.executable, "-c", FLOOD_SERVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            port = int(await trio.to_thread.run_sync(proc.stdout.readline))
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            assert soft >= 1200  # the flood itself needs the descriptors on this side
+            for _ in range(1100):
+                with trio.fail_after(5):
+                    stream = await trio.open_tcp_stream(HOST, port)
+                await stream.aclose()
+            flood_over = time.monotonic()
+            with trio.fail_after(2):
+                async with vrt.connect(f"ws://{HOST}:{port}/") as client:
+                    async with client.subscribe() as events:
+                        await client.send_text("hello")
+                        async for event in events:
+                            if isinstance(event, vrt.TurnEnded):
+                                break
+            assert time.monotonic() - flood_over < 2
+        finally:
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=10)
+    assert "Traceback" not in stderr, stderr[-2000:]
+    warnings = [line for line in stderr.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert len(warnings) <= 5, warnings
+
+
+# -- the server: memory a hostile session can hold ---------------------------------------------
+
+
+class Long:
+    """A model that streams a long answer, 1 KiB a delta, as fast as it may."""
+
+    async def stream(self, request: vrt.ModelRequest) -> AsyncIterator[Any]:
+        for _ in range(50_000):
+            yield vrt.models.Text(text="z" * 1024)
+
+
+async def test_a_blind_acking_client_holds_a_few_megabytes_and_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Probe a07 blindack: a client that acks every seq without reading kept the model
+    going while frames piled up in the connection's unbounded queue: +209 MB a session,
+    never closed. Now the backlog counts in bytes: the model is held at 40 % of
+    replay_limit_bytes, the blind acks do not count as progress, and the session closes
+    (overflow) with its socket reset."""
+    monkeypatch.setattr(_actor, "STALL_TIMEOUT", 1.0)
+    agent = vrt.define_agent(model=Long())
+    async with serving(agent) as server:
+        stream = await raw_upgraded(server.port)
+        tracemalloc.start()
+        try:
+            base, _ = tracemalloc.get_traced_memory()
+            await stream.send_all(HELLO + message("input", 2, text="long"))
+            closed = False
+            with trio.move_on_after(4):
+                for k in range(1, 400):
+                    try:
+                        await stream.send_all(
+                            ws_frame(json.dumps({"type": "ack", "seq": 50 * k}).encode())
+                        )
+                    except trio.BrokenResourceError:
+                        closed = True
+                        break
+                    await trio.sleep(0.02)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert closed, "the blind acker was never dropped"
+        await stream.aclose()
+    assert peak - base < 8 << 20, f"{(peak - base) / 2**20:.1f} MiB"
+
+
+async def test_an_overflowed_connection_is_reset_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probes a07 and a23: after an overflow close the blocked writer kept the TCP
+    connection, its fd and ~5 MB of queued frames for as long as the peer kept the socket
+    (40 zombies past max_sessions 20, RSS 44 -> 240 MB)."""
+    monkeypatch.setattr(_actor, "STALL_TIMEOUT", 0.5)
+    agent = vrt.define_agent(model=Long())
+    async with serving(agent, max_sessions=2) as server:
+        before = open_fds()
+        zombies = []
+        for _ in range(2):
+            stream = await raw_upgraded(server.port)
+            await stream.send_all(HELLO + message("input", 2, text="long"))
+            zombies.append(stream)  # never read again
+        # both overflow, and their server sockets are gone
+        await until(lambda: open_fds() <= before + len(zombies), within=5)
+        async with session(server) as peer:  # their places under max_sessions are free
+            await peer.send("close")
+            await peer.expect_disconnect()
+        for stream in zombies:
+            await stream.aclose()
+
+
+async def test_an_unfinished_frame_holds_at_most_the_frame_limit() -> None:
+    """Probe a16: an unfinished 4 MiB frame held 4 MB a connection before hello (11 s) and
+    a session after it (indefinitely). Before hello a frame may be 64 KiB; after it,
+    max_message_size: past that the connection is closed (1009) at once."""
+    unfinished = ws_frame(b'{"type":"input","seq":2,"text":"' + b"a" * (2 << 20), declared=4 << 20)
+    async with serving(chat_agent(), max_message_size=256 * 1024) as server:
+        tracemalloc.start()
+        try:
+            base, _ = tracemalloc.get_traced_memory()
+            for hello in (False, True):
+                for _ in range(5):
+                    stream = await raw_upgraded(server.port)
+                    if hello:
+                        await stream.send_all(HELLO)
+                    with pytest.raises(trio.BrokenResourceError):  # closed long before
+                        await stream.send_all(unfinished)
+                    await stream.aclose()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        await fresh_works(server)
+    assert peak - base < 6 << 20, f"{(peak - base) / 2**20:.1f} MiB"
+
+
+async def fresh_works(server: vrt.Server) -> None:
+    async with session(server) as peer:
+        await peer.run_turn()
+
+
+async def fresh_works_elsewhere(server: vrt.Server) -> None:
+    """A new session from another address (127.0.0.2) runs a turn."""
+    stream = await raw_upgraded(server.port, local="127.0.0.2")
+    async with stream:
+        await stream.send_all(HELLO + message("input", 2, text="hi"))
+        data = b""
+        with trio.fail_after(2):
+            while b"turn.ended" not in data:
+                data += await stream.receive_some(1 << 16)
+
+
+def _args_call(size: int, chunks: int) -> vrt.Agent:
+    arguments = {"text": "p" * size}
+    return vrt.define_agent(
+        model=vrt.ScriptedModel([[vrt.call("echo", arguments, chunks=chunks)], []]),
+        client_tools="accept",
+    )
+
+
+async def test_legacy_previews_are_linear_in_the_arguments() -> None:
+    """Probe a21: 64 KiB of arguments in 1,000 deltas made 2,031 frames and 33.7 MB on the
+    wire (every tool.preview carried all the text so far)."""
+    async with (
+        serving(_args_call(65536, 1000)) as server,
+        session(
+            server, tools=[{"name": "echo", "description": "", "parameters": {"type": "object"}}]
+        ) as peer,
+    ):
+        await peer.send("input", text="go")
+        preview_bytes = 0
+        with trio.fail_after(10):
+            while True:
+                frame = await peer.next_frame()
+                if frame["type"] == "tool.preview":
+                    preview_bytes += len(json.dumps(frame))
+                if frame["type"] == "tool.call":
+                    break
+    assert preview_bytes < 8 * 65536, preview_bytes
+
+
+async def test_sessions_per_peer_and_sessions_that_never_start_a_turn() -> None:
+    """Probe a08: 1,000 anonymous hellos in 2.8 s filled max_sessions; the slots stayed
+    taken 30 s after the attacker left; no per-peer cap."""
+    async with serving(chat_agent(), max_sessions_per_peer=3, first_turn_timeout=0.5) as server:
+        flood = []
+        for _ in range(3):
+            stream = await raw_upgraded(server.port)
+            await stream.send_all(HELLO)
+            flood.append(stream)
+        async with connected(server) as extra:  # the fourth from the same address
+            await extra.send("hello", protocol="vrt/1", capabilities=["tool-stream-v1"], tools=[])
+            error = await extra.next_frame()
+            assert error["type"] == "error" and error["code"] == "RATE_LIMITED", error
+        # another address is another peer
+        other = await raw_upgraded(server.port, local="127.0.0.2")
+        await other.send_all(HELLO)
+        # none of them starts a turn: all closed (expired) after first_turn_timeout
+        for stream in [*flood, other]:
+            assert await closed_by_server(stream, within=3) < 2.5
+            await stream.aclose()
+        await fresh_works(server)
+
+
+async def test_inputs_then_close_log_no_error() -> None:
+    """Probe a19: input then close logged ERROR "session failed" with a SessionClosed
+    traceback (6 in 20)."""
+    agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi"), vrt.pause(1)]] * 200))
+    async with serving(agent) as server:
+        for _ in range(20):
+            stream = await raw_upgraded(server.port)
+            inputs = b"".join(message("input", 2 + i, text="slow") for i in range(5))
+            await stream.send_all(HELLO + inputs + message("close", 7))
+            await closed_by_server(stream, within=2)
+            await stream.aclose()
+
+
+@pytest.mark.parametrize("epoch", [2**53 + 1, int("9" * 4300)], ids=["2**53+1", "4300 nines"])
+async def test_an_absurd_epoch_is_a_bad_message(epoch: int) -> None:
+    """Probe a20: an interrupt with epoch 10**4300 - 1, then a barge-in, made the epoch
+    unencodable: INTERNAL, closed(server) and a traceback."""
+    async with serving(chat_agent()) as server, session(server) as peer:
+        seq = peer.next_seq()
+        await peer.send_raw(f'{{"type":"interrupt","seq":{seq},"epoch":{epoch}}}')
+        error = await peer.expect_error("BAD_MESSAGE", seq)
+        assert len(error["message"]) <= 300
+        await peer.works()
+
+
+async def test_an_ack_of_what_was_never_sent_is_a_protocol_error() -> None:
+    async with serving(chat_agent()) as server, session(server) as peer:
+        await peer.send_raw(json.dumps({"type": "ack", "seq": 999}))
+        error = await peer.expect_error("BAD_MESSAGE", None)
+        assert "above" in error["message"]
+        await peer.works()
+
+
+async def test_a_peer_cannot_crash_the_server_through_the_websocket_layer() -> None:
+    """Found rerunning probe a16: hellos refused at the per-peer cap, each followed by an
+    oversize frame, drove wsproto into refusing trio-websocket's own 1009 close; the error
+    escaped its reader task and took the whole server down."""
+    async with serving(chat_agent(), max_sessions_per_peer=2) as server:
+        streams = []
+        for _ in range(8):
+            stream = await raw_upgraded(server.port)
+            streams.append(stream)
+            try:
+                await stream.send_all(HELLO + ws_frame(b"a" * (200 << 10), declared=4 << 20))
+            except trio.BrokenResourceError:
+                pass
+        for stream in streams[2:]:  # refused at the cap, and closed
+            await closed_by_server(stream, within=3)
+        await fresh_works_elsewhere(server)  # the server is up (this address is at its cap)
+        for stream in streams:
+            await stream.aclose()
