@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 import trio
 
 import vrt
 
 pytest_plugins = ["vrt.testing"]  # the vrt_pair and vrt_serve fixtures
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The README runs the suite twice, the second time on real python-statemachine
+    instances (VRT_STRICT_MACHINES=1). Tests marked ``network`` (hostile peers, bad
+    networks: sockets and timing, not machines) run in the first pass only: deselected in
+    the second, never skipped."""
+    if os.environ.get("VRT_STRICT_MACHINES") != "1":
+        return
+    kept = [item for item in items if item.get_closest_marker("network") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
 
 
 def stream_of(events: Sequence[Any], call_id: str) -> list[str]:

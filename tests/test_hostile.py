@@ -35,6 +35,8 @@ from tests.test_wire_errors import chat_agent, connected, serving, session
 from vrt._net import actor as _actor
 from vrt.testing import LoopbackProxy
 
+pytestmark = pytest.mark.network
+
 HOST = "127.0.0.1"
 ROOT = Path(__file__).parent.parent
 

@@ -285,8 +285,9 @@ class SessionActor:
         ``replay_limit_bytes``.
 
         A connected client that makes no progress for STALL_TIMEOUT seconds while held (no
-        ack, or acks while the frames pile up unread: it acks blindly) has stopped reading: the session closes with
-        ``overflow`` (it could never catch up within the buffer). A detached one is waited
+        ack, or acks while the frames pile up unread: it acks blindly) has stopped
+        reading: the session closes with ``overflow`` (it could never catch up within the
+        buffer). A detached one is waited
         for until the resume window ends.
         """
         proto = self.proto
