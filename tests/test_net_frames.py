@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 import vrt
-from vrt._net.frames import message_of
+from vrt._core.bounded import RecentSet
+from vrt._net.frames import Previews, message_of, messages_of
 from vrt._wire import codec
 from vrt._wire import messages as m
 
@@ -122,3 +123,76 @@ def test_without_tool_stream_a_tool_stream_event_has_no_frame() -> None:
 )
 def test_client_side_events_have_no_frame(event: Any) -> None:
     assert message_of(event, tool_stream=True) is None
+
+
+# -- cutting long texts and fragments; coalescing legacy previews -------------------------------
+
+
+def test_long_text_and_fragments_are_cut_into_frames_that_fit() -> None:
+    text = vrt.TextDelta(turn_id="t_1", text="a" * 2500)
+    pieces = list(messages_of(text, tool_stream=True, piece=1000))
+    assert [len(fields["text"]) for _, fields in pieces] == [1000, 1000, 500]
+    assert "".join(fields["text"] for _, fields in pieces) == text.text
+    delta = vrt.ToolStream(
+        call_id="c",
+        turn_id="t",
+        epoch=0,
+        name="n",
+        kind="server",
+        phase=P.ARGUMENTS_DELTA,
+        delta="b" * 1500,
+    )
+    pieces = list(messages_of(delta, tool_stream=True, piece=1000))
+    assert [len(f["delta"]) for _, f in pieces] == [1000, 500]
+    assert all(f["phase"] == "arguments-delta" for _, f in pieces)
+    short = vrt.TextDelta(turn_id="t_1", text="hi")
+    assert list(messages_of(short, tool_stream=True, piece=1000)) == [
+        message_of(short, tool_stream=True)
+    ]
+
+
+def _stream(phase: vrt.Phase) -> vrt.ToolStream:
+    return vrt.ToolStream(call_id="c", turn_id="t", epoch=0, name="n", kind="app", phase=phase)
+
+
+def _preview(text: str, complete: bool = False) -> vrt.ToolPreview:
+    return vrt.ToolPreview(call_id="c", turn_id="t", name="n", arguments=text, complete=complete)
+
+
+@pytest.mark.parametrize("length", [10, 1000, 65536])
+@pytest.mark.parametrize("deltas", [1, 7, 1000])
+def test_previews_of_a_call_add_up_to_a_few_times_its_arguments(length: int, deltas: int) -> None:
+    previews = Previews()
+    text = '{"t": "' + "x" * length + '"}'
+    step = max(1, len(text) // deltas)
+    sent = [""] if previews.wanted(_preview("")) else []
+    for end in range(step, len(text), step):
+        if previews.wanted(_preview(text[:end])):
+            sent.append(text[:end])
+    previews.stream(_stream(P.ARGUMENTS_COMPLETE))
+    assert previews.wanted(_preview(text, complete=True))  # the complete one, always
+    sent.append(text)
+    previews.stream(_stream(P.SETTLED))
+    assert not previews.wanted(_preview(text, complete=True))  # the same text again: no
+    assert sum(len(s) for s in sent) <= 6 * len(text) + 1024
+    assert sent[0] == "" and sent[-1] == text
+    assert previews._sent == {} and previews._ending == set()  # forgotten at the end
+
+
+def test_a_call_that_fails_sends_its_last_text() -> None:
+    previews = Previews()
+    assert previews.wanted(_preview(""))
+    assert not previews.wanted(_preview('{"a'))  # grew too little
+    previews.stream(_stream(P.FAILED))
+    assert previews.wanted(_preview('{"a'))  # the last text, before the call is forgotten
+    assert previews._sent == {}
+
+
+def test_recent_set_keeps_the_newest() -> None:
+    recent: RecentSet[int] = RecentSet(3)
+    for i in range(5):
+        recent.add(i)
+    assert len(recent) == 3 and 1 not in recent and all(i in recent for i in (2, 3, 4))
+    recent.add(2)  # the newest again: 3 is now the oldest
+    recent.add(5)
+    assert 3 not in recent and 2 in recent

@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from vrt._core.bounded import RecentSet
 from vrt._core.events import Closed, ConfirmRequest, Event, TurnStarted
 from vrt._core.results import CallRecord
 from vrt._core.tables import SESSION
@@ -27,6 +28,9 @@ from vrt._errors import SessionClosed
 from vrt.models import AgentText, HistoryItem, ModelRequest, ToolSpec, UserInput
 
 log = logging.getLogger("vrt")
+
+CALL_IDS_KEPT = 10_000
+"""Call ids a session remembers to refuse a model's reuse of one (the newest)."""
 
 
 class Session:
@@ -94,7 +98,7 @@ class Session:
         self._machine.send("accept")
         self._turn: Turn | None = None
         self._turns = 0
-        self._call_ids: set[str] = set()
+        self._call_ids: RecentSet[str] = RecentSet(CALL_IDS_KEPT)
         self._lock = trio.Lock()
 
     @property

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from vrt._core.bounded import RecentSet
 from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.call import Call
@@ -70,8 +71,10 @@ class SessionActor:
         self._detached: trio.Event | None = None
         self.pending: dict[str, _Pending] = {}
         self._interrupts = 0
-        self.issued: set[str] = set()
-        self.answered: set[str] = set()
+        # For the error a late tool.result gets (STALE_EPOCH, DUPLICATE_RESULT): the
+        # newest calls only, so a long session does not grow by every call.
+        self.issued: RecentSet[str] = RecentSet(1000)
+        self.answered: RecentSet[str] = RecentSet(1000)
         self._previews = Previews()
         self._piece = self.options.max_message_size // 16
         """Characters of model text or argument fragment per frame, at most (a character

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from vrt._core.bounded import RecentSet
 from vrt._core.events import Closed, Phase, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._core.events import TextDelta as TextDeltaEvent
 from vrt._core.results import ResultCode, ToolResult
@@ -103,7 +104,8 @@ class ClientProtocol(Endpoint):
         self.epoch = 0
         self.turn_id: str | None = None
         self.views: dict[str, tuple[Machine | StrictMachine, ToolStream]] = {}
-        self._ignored: set[str] = set()  # calls begun by a turn the user already interrupted
+        # calls begun by a turn the user already interrupted (the newest: a bound)
+        self._ignored: RecentSet[str] = RecentSet(1000)
         self.app_calls: dict[str, _AppCall] = {}
         self.queue: deque[str] = deque()
         self.running: str | None = None
