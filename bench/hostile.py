@@ -1,0 +1,195 @@
+"""What a hostile session costs the server: memory per attacking session, and how it ends.
+
+Run it as ``python bench/hostile.py`` (``--quick`` for a smoke run). Each attack runs
+against a fresh in-process ``vrt.serve`` (its defaults, but a 5 s stall timeout so the
+runs are short) from raw sockets on loopback, ``--sessions`` at once, for ``--seconds``:
+
+- ``blind-ack``: hello, a long answer asked for, then acks on a ramp, never reading;
+- ``no-read``: the same without acks;
+- ``unfinished``: hello, then a frame declared 4 MiB of which 1 MiB - 1 KiB is sent;
+- ``big-inputs``: 1 MiB inputs as fast as the rate limit reads them (each a barge-in);
+- ``big-args``: the model streams a call of 120 KiB arguments in 1,000 deltas to a
+  client that never reads (previews, arguments-complete, the app call).
+
+It prints, per attack: Python heap growth at its peak per session (tracemalloc, the
+server's and this process's raw sockets alike; the attackers hold little), RSS growth per
+session, and what happened to the sessions (closed and why, or still held).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tracemalloc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_common import version
+
+import vrt
+from tests.test_hostile import HELLO, message, raw_upgraded, ws_frame
+from vrt._net import actor as _actor
+
+
+class Long:
+    """A long answer, 1 KiB a delta."""
+
+    async def stream(self, request: vrt.ModelRequest) -> AsyncIterator[Any]:
+        for _ in range(200_000):
+            yield vrt.models.Text(text="z" * 1024)
+
+
+class BigArgs:
+    """A call of 120 KiB arguments in 1,000 deltas, then nothing."""
+
+    async def stream(self, request: vrt.ModelRequest) -> AsyncIterator[Any]:
+        if request.step > 1:
+            return
+        text = json.dumps({"text": "p" * (120 << 10)})
+        call_id = f"{request.turn_id}_c"
+        yield vrt.models.CallStart(call_id=call_id, name="echo")
+        size = len(text) // 1000 + 1
+        for start in range(0, len(text), size):
+            yield vrt.models.CallDelta(call_id=call_id, delta=text[start : start + size])
+        yield vrt.models.CallEnd(call_id=call_id)
+
+
+ECHO = [{"name": "echo", "description": "", "parameters": {"type": "object"}}]
+
+
+async def blind_ack(stream: trio.SocketStream) -> None:
+    await stream.send_all(HELLO + message("input", 2, text="long"))
+    for k in range(1, 10**6):
+        await stream.send_all(ws_frame(json.dumps({"type": "ack", "seq": 40 * k}).encode()))
+        await trio.sleep(0.05)
+
+
+async def no_read(stream: trio.SocketStream) -> None:
+    await stream.send_all(HELLO + message("input", 2, text="long"))
+    await trio.sleep_forever()
+
+
+BODY = b"a" * ((1 << 20) - 1024)
+"""Shared by every attacker, allocated before the measurement: the heap growth is the
+server's, not the attackers' own copies."""
+
+
+async def send_parts(stream: trio.SocketStream, *parts: bytes, declared: int | None = None) -> None:
+    """One text frame of ``parts`` (their total, or ``declared``), sent piece by piece."""
+    head = ws_frame(b"", declared=declared if declared is not None else sum(map(len, parts)))
+    await stream.send_all(head)
+    for part in parts:
+        await stream.send_all(part)
+
+
+async def unfinished(stream: trio.SocketStream) -> None:
+    await stream.send_all(HELLO)
+    await send_parts(stream, b'{"type":"input","seq":2,"text":"', BODY, declared=4 << 20)
+    await trio.sleep_forever()
+
+
+async def big_inputs(stream: trio.SocketStream) -> None:
+    await stream.send_all(HELLO)
+    for seq in range(2, 10**6):
+        await send_parts(stream, b'{"type":"input","seq":%d,"text":"' % seq, BODY, b'"}')
+
+
+async def big_args(stream: trio.SocketStream) -> None:
+    hello = message("hello", 1, protocol="vrt/1", capabilities=["tool-stream-v1"], tools=ECHO)
+    await stream.send_all(hello + message("input", 2, text="go"))
+    await trio.sleep_forever()
+
+
+ATTACKS: dict[str, tuple[Callable[[trio.SocketStream], Awaitable[None]], Any]] = {
+    "blind-ack": (blind_ack, Long),
+    "no-read": (no_read, Long),
+    "unfinished": (unfinished, None),
+    "big-inputs": (big_inputs, None),
+    "big-args": (big_args, BigArgs),
+}
+
+
+def rss() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def attack(name: str, sessions: int, seconds: float) -> dict[str, Any]:
+    run, model_class = ATTACKS[name]
+    model = model_class() if model_class else vrt.ScriptedModel([[vrt.say("ok")]] * 10**6)
+    agent = vrt.define_agent(model=model, client_tools="accept")
+    outcome: dict[str, int] = {}
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(
+            functools.partial(vrt.serve, agent, "127.0.0.1", 0, max_sessions_per_peer=1000)
+        )
+        rss_before = rss()
+        tracemalloc.start()
+        base, _ = tracemalloc.get_traced_memory()
+
+        async def one() -> None:
+            stream = await raw_upgraded(server.port)
+            try:
+                with trio.move_on_after(seconds):
+                    await run(stream)
+                    return
+                outcome["held to the end"] = outcome.get("held to the end", 0) + 1
+            except trio.BrokenResourceError:
+                outcome["closed by the server"] = outcome.get("closed by the server", 0) + 1
+            finally:
+                await stream.aclose()
+
+        async with trio.open_nursery() as attackers:
+            for _ in range(sessions):
+                attackers.start_soon(one)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        rss_after = rss()
+        nursery.cancel_scope.cancel()
+    return {
+        "heap": (peak - base) / sessions,
+        "rss": (rss_after - rss_before) / sessions,
+        "outcome": outcome,
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    _actor.STALL_TIMEOUT = 5.0  # the default is 30 s; the bound is the same, sooner
+    print(
+        f"bench/hostile.py: vrt {vrt.__version__}, trio {version('trio')}, "
+        f"{args.sessions} sessions per attack, {args.seconds:g} s each, pid {os.getpid()}"
+    )
+    print(f"{'attack':<12} {'heap peak / session':>20} {'RSS / session':>15}  outcome")
+    for name in args.attacks or ATTACKS:
+        got = await attack(name, args.sessions, args.seconds)
+        print(
+            f"{name:<12} {got['heap'] / 2**20:>17.2f} MiB {got['rss'] / 2**20:>11.2f} MiB  "
+            + ", ".join(f"{k}: {v}" for k, v in sorted(got["outcome"].items()))
+        )
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--quick", action="store_true", help="2 sessions, 2 s each")
+    parser.add_argument("attacks", nargs="*", choices=[*ATTACKS, []], metavar="ATTACK")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sessions, args.seconds = 2, 2.0
+    return args
+
+
+if __name__ == "__main__":
+    trio.run(main, parse())
