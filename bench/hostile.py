@@ -117,6 +117,18 @@ ATTACKS: dict[str, tuple[Callable[[trio.SocketStream], Awaitable[None]], Any]] =
 }
 
 
+async def ended(stream: trio.SocketStream) -> str:
+    """Whether the server closed ``stream`` (reading what is left, for up to 2 s)."""
+    with trio.move_on_after(2):
+        try:
+            while await stream.receive_some(1 << 16):
+                pass
+        except trio.BrokenResourceError:
+            return "reset by the server"
+        return "closed by the server"
+    return "still open"
+
+
 def rss() -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -140,15 +152,14 @@ async def attack(name: str, sessions: int, seconds: float) -> dict[str, Any]:
 
         async def one() -> None:
             stream = await raw_upgraded(server.port)
-            try:
-                with trio.move_on_after(seconds):
+            with trio.move_on_after(seconds):
+                try:
                     await run(stream)
-                    return
-                outcome["held to the end"] = outcome.get("held to the end", 0) + 1
-            except trio.BrokenResourceError:
-                outcome["closed by the server"] = outcome.get("closed by the server", 0) + 1
-            finally:
-                await stream.aclose()
+                except trio.BrokenResourceError:
+                    pass  # the server dropped it
+            verdict = await ended(stream)
+            outcome[verdict] = outcome.get(verdict, 0) + 1
+            await stream.aclose()
 
         async with trio.open_nursery() as attackers:
             for _ in range(sessions):
