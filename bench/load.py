@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import gc
 import json
 import logging
@@ -97,6 +98,10 @@ TARGET_P99 = 0.250
 TARGET_IDLE_KB = 50.0
 TARGET_SOAK_GROWTH = 0.02
 """Flat memory: the soak's last RSS row at most 2% above its first."""
+
+
+SERVE_OPTIONS = {"max_sessions_per_peer": 100_000}
+"""vrt.serve's defaults, but every session comes from one address here (127.0.0.1)."""
 
 
 @vrt.server_tool(risk="low", description="Looks something up", parameters=LOOKUP_PARAMETERS)
@@ -836,7 +841,7 @@ class LocalHooks(Hooks):
 async def one_process(args: argparse.Namespace, printer: Printer) -> None:
     async with trio.open_nursery() as nursery:
         agent = make_agent(args.steps, args.script_turns)
-        server = await nursery.start(vrt.serve, agent, HOST, 0)
+        server = await nursery.start(functools.partial(vrt.serve, agent, HOST, 0, **SERVE_OPTIONS))
         await drive(args, server.url, LocalHooks(printer))
         nursery.cancel_scope.cancel()
 
@@ -921,7 +926,7 @@ async def two_processes(
     samples: list[str] = []
     async with trio.open_nursery() as nursery:
         agent = make_agent(args.steps, args.script_turns)
-        server = await nursery.start(vrt.serve, agent, HOST, 0)
+        server = await nursery.start(functools.partial(vrt.serve, agent, HOST, 0, **SERVE_OPTIONS))
         await warm_up(server.url, args.steps)
         snapshot = last = None
         if args.tracemalloc:
