@@ -7,6 +7,7 @@ import io
 import itertools
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -410,3 +411,83 @@ def test_vrt_serve_bad_target(target: str, message: str) -> None:
 
     with pytest.raises(SystemExit, match=message):
         load_agent(target)
+
+
+def _vrt_serve(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", *flags],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--port", "-1"), "a port is a number from 0 to 65535, not '-1'"),
+        (("--port", "99999"), "a port is a number from 0 to 65535, not '99999'"),
+        (("--max-sessions", "-3"), "expected a whole number of at least 1, not '-3'"),
+        (("--max-message-size", "0"), "expected a whole number of at least 1, not '0'"),
+        (("--max-message-size", "100"), "max_message_size must be an integer of at least 1024"),
+        (("--host", "no.such.host.invalid"), "cannot listen on no.such.host.invalid:0"),
+    ],
+)
+def test_vrt_serve_refuses_bad_settings_in_one_line(flags: tuple[str, ...], message: str) -> None:
+    """A bad port, host or limit printed a 40-line ExceptionGroup; --port 99999 served on
+    34463; --max-message-size 0 was accepted. Now: one line, exit status 2."""
+    done = _vrt_serve(*flags, "--port", "0") if flags[0] == "--host" else _vrt_serve(*flags)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 3
+
+
+def test_vrt_serve_on_a_busy_port_is_one_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _vrt_serve("--port", str(port))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"vrt serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ], done.stderr
+
+
+async def test_vrt_serve_logs_connections_and_sessions() -> None:
+    import signal
+
+    root = Path(__file__).parent.parent
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = b""
+        with trio.fail_after(20):
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(1)
+        url = line.decode().split(" on ")[1].strip()
+        async with vrt.connect(url) as client, client.subscribe() as events:
+            await client.send_text("ping?")
+            async for event in events:
+                if isinstance(event, vrt.TurnEnded):
+                    break
+        await trio.sleep(0.3)
+    finally:
+        process.send_signal(signal.SIGINT)
+        with trio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.stderr is not None
+    log = (await process.stderr.receive_some(1 << 20)).decode()
+    for expected in ("INFO vrt.server: serving on", "connection from 127.0.0.1", "opened for"):
+        assert expected in log, log
+    assert "ended (client)" in log, log

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import inspect
 import logging
 import math
 import os
@@ -19,20 +20,6 @@ import vrt
 from vrt import check as vrt_check
 from vrt._cli.demo import FAST, run_demo
 from vrt._engine.groups import single_unwrapped
-from vrt._net.options import (
-    FIRST_TURN_TIMEOUT,
-    HANDSHAKE_TIMEOUT,
-    MAX_HISTORY_BYTES,
-    MAX_MESSAGES_PER_SECOND,
-    MAX_OPEN_CALLS,
-    MAX_PENDING_CONNECTIONS,
-    MAX_QUEUED_APP_CALLS,
-    MAX_SESSIONS,
-    MAX_SESSIONS_PER_PEER,
-    RESUME_WINDOW,
-)
-from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
-from vrt._wire.server import MAX_MESSAGE_SIZE
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -78,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
+        usage="vrt serve MODULE:AGENT [--host HOST] [--port PORT] [options]",
         help="serve an agent over vrt/1 WebSockets",
         description="Import AGENT from MODULE (a vrt.Agent, or a function that returns one) "
         "and serve it with vrt.serve until interrupted. The current directory is importable.",
@@ -87,8 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--port", type=_port, default=8765, help="0 picks a free port (default: %(default)s)"
     )
-    for flag, kind, default, text in _SAFETY:
-        serve.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
+    for flag, kind, text in _SAFETY:
+        serve.add_argument(
+            flag, type=kind, default=_default(flag), help=f"{text} (default: %(default)s)"
+        )
     serve.add_argument(
         "--log-level",
         default="info",
@@ -215,21 +205,26 @@ def _positive(text: str) -> float:
     return value
 
 
-_SAFETY: list[tuple[str, Callable[[str], object], object, str]] = [
-    ("--resume-window", _seconds, RESUME_WINDOW, "seconds a dropped session waits for its client"),
-    ("--handshake-timeout", _positive, HANDSHAKE_TIMEOUT, "seconds from connect to a valid hello"),
-    ("--max-pending-connections", _count, MAX_PENDING_CONNECTIONS, "connections in handshake"),
-    ("--max-sessions", _count, MAX_SESSIONS, "live sessions"),
-    ("--max-sessions-per-peer", _count, MAX_SESSIONS_PER_PEER, "sessions per principal or IP"),
-    ("--first-turn-timeout", _positive, FIRST_TURN_TIMEOUT, "seconds to a session's first turn"),
-    ("--max-open-calls", _count, MAX_OPEN_CALLS, "calls of one turn without a result"),
-    ("--max-queued-app-calls", _count, MAX_QUEUED_APP_CALLS, "app calls waiting for the app"),
-    ("--max-messages-per-second", _positive, MAX_MESSAGES_PER_SECOND, "frames in, per link"),
-    ("--replay-limit", _count, REPLAY_LIMIT, "unacked messages kept for a resume"),
-    ("--replay-limit-bytes", _count, REPLAY_LIMIT_BYTES, "unacked or unsent bytes kept"),
-    ("--max-message-size", _count, MAX_MESSAGE_SIZE, "bytes per frame, at least 1024"),
-    ("--max-history-bytes", _count, MAX_HISTORY_BYTES, "history kept for the model, bytes"),
+_SAFETY: list[tuple[str, Callable[[str], object], str]] = [
+    ("--resume-window", _seconds, "seconds a dropped session waits for its client"),
+    ("--handshake-timeout", _positive, "seconds from connect to a valid hello"),
+    ("--max-pending-connections", _count, "connections in their handshake"),
+    ("--max-sessions", _count, "live sessions"),
+    ("--max-sessions-per-peer", _count, "sessions per principal or IP"),
+    ("--first-turn-timeout", _positive, "seconds to a session's first turn"),
+    ("--max-open-calls", _count, "calls of one turn without a result"),
+    ("--max-queued-app-calls", _count, "app calls waiting for the app"),
+    ("--max-messages-per-second", _positive, "frames in, per connection"),
+    ("--replay-limit", _count, "unacked messages kept for a resume"),
+    ("--replay-limit-bytes", _count, "unacked or unsent bytes kept"),
+    ("--max-message-size", _count, "bytes per frame, at least 1024"),
+    ("--max-history-bytes", _count, "history kept for the model, bytes"),
 ]
+"""``vrt serve``'s flags for ``vrt.serve``'s safety options (their defaults are its own)."""
+
+
+def _default(flag: str) -> object:
+    return inspect.signature(vrt.serve).parameters[flag[2:].replace("-", "_")].default
 
 
 def _serve(args: argparse.Namespace) -> int:
