@@ -700,3 +700,156 @@ async def test_a_peer_cannot_crash_the_server_through_the_websocket_layer() -> N
         await fresh_works_elsewhere(server)  # the server is up (this address is at its cap)
         for stream in streams:
             await stream.aclose()
+
+
+# -- found by the review of this work ----------------------------------------------------------
+
+
+async def test_a_resume_token_with_a_lone_surrogate_is_refused_quietly() -> None:
+    """hmac.compare_digest(token.encode(), ...) raised UnicodeEncodeError on "\\ud800":
+    'connection failed', an ERROR with a traceback."""
+    async with serving(chat_agent()) as server, connected(server) as peer:
+        await peer.send_raw(
+            '{"type":"hello","seq":1,"protocol":"vrt/1","capabilities":[],"tools":[],'
+            '"resume":{"sessionId":"s_1","token":"\\ud800","lastSeq":0}}'
+        )
+        await peer.expect_rejected("RESUME_FAILED")
+
+
+def _wide_tools(count: int, size: int) -> list[vrt.AppTool]:
+    async def run(args: Any, ctx: Any) -> Any:
+        return None
+
+    return [
+        vrt.AppTool(name=f"t{i}", description="d" * size, parameters={"type": "object"}, run=run)
+        for i in range(count)
+    ]
+
+
+async def test_a_client_with_a_big_hello_can_still_resume() -> None:
+    """The resume hello carried the tools again: a first hello near 64 KiB made a resume
+    hello over the server's pre-hello limit (1009), and RemoteProtocolError TOO_LARGE
+    escaped vrt.connect mid-session."""
+    tools = _wide_tools(8, 7800)  # a hello of about 63 KiB
+    async with serving(_two_turns()) as server, trio.open_nursery() as nursery:
+        proxy = LoopbackProxy(server.port)
+        port = await nursery.start(proxy.run)
+        async with vrt.connect(f"ws://{HOST}:{port}/", tools=tools) as client:
+            async with client.subscribe() as events:
+                proxy.cut()
+                with trio.fail_after(5):
+                    async for event in events:
+                        if isinstance(event, vrt.Resumed):
+                            break
+                await client.send_text("after")
+                with trio.fail_after(5):
+                    async for event in events:
+                        if isinstance(event, vrt.TurnEnded):
+                            break
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_server_that_drops_every_resume_is_given_up_on() -> None:
+    """Each resumed welcome reset the resume deadline and the backoff: a proxy dropping
+    every connection right after the resume kept the client reconnecting forever."""
+    async with serving(_two_turns()) as server, trio.open_nursery() as nursery:
+        proxy = LoopbackProxy(server.port)
+        port = await nursery.start(proxy.run)
+
+        async def drop_each_connection() -> None:
+            proxy.cut()
+            seen = proxy.connections
+            while True:
+                await trio.sleep(0.01)
+                if proxy.connections != seen:
+                    seen = proxy.connections
+                    await trio.sleep(0.1)  # long enough for the welcome and the replay
+                    proxy.cut()
+
+        url = f"ws://{HOST}:{port}/"
+        async with vrt.connect(url, resume_timeout=1.0) as client, client.subscribe() as events:
+            nursery.start_soon(drop_each_connection)
+            with trio.fail_after(6):
+                kinds = [type(event).__name__ async for event in events]
+        assert kinds[-1] == "Closed" and client.closed == vrt.Closed(reason="lost"), kinds
+        assert kinds.count("Resumed") >= 2, kinds  # it did resume, and was dropped again
+        nursery.cancel_scope.cancel()
+
+
+async def welcome_then_deaf(stream: trio.SocketStream) -> None:
+    """Welcomes, then reads and ignores everything: no ``closed``, no close reply."""
+    request = await _request(stream)
+    await stream.send_all(_switching(request))
+    welcome = {
+        "type": "welcome",
+        "seq": 1,
+        "sessionId": "s_1",
+        "resumeToken": "t",
+        "epoch": 0,
+        "capabilities": [],
+        "resumed": False,
+        "lastSeq": 1,
+    }
+    payload = json.dumps(welcome).encode()
+    await stream.send_all(bytes([0x81, len(payload)]) + payload)
+    while await stream.receive_some(65536):
+        pass
+
+
+async def test_a_deadline_cuts_short_leaving_connect() -> None:
+    """Leaving the block waited up to 5 s for ``closed``, shielded: an app's deadline
+    that fired meanwhile was ignored (left at 1.5 s, deadline 2 s, back at 6.5 s)."""
+    async with fake_server(welcome_then_deaf) as port:
+        deadline = trio.current_time() + 0.5
+        with trio.move_on_at(deadline):
+            async with vrt.connect(f"ws://{HOST}:{port}/"):
+                await trio.sleep(0.2)  # leave normally, before the deadline
+        assert trio.current_time() - deadline < 0.6
+
+
+async def garbage_at_once(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # not TLS
+    await trio.sleep(5)
+
+
+async def test_a_tls_failure_is_a_tls_error_at_once() -> None:
+    """A TLS failure (a refused certificate, a peer that does not speak TLS) was
+    swallowed in trio-websocket's reader: TIMEOUT after connect_timeout."""
+    async with fake_server(garbage_at_once) as port:
+        start = trio.current_time()
+        with pytest.raises(vrt.RemoteProtocolError) as info:
+            async with vrt.connect(f"wss://{HOST}:{port}/", connect_timeout=5):
+                pass
+    assert info.value.code == "TLS", info.value
+    assert trio.current_time() - start < 1
+
+
+async def test_a_client_epoch_leaves_room_for_the_servers_own_interrupts() -> None:
+    """An interrupt with epoch 2**53 passed the schema; the next barge-in sent 2**53 + 1,
+    which the server's own schema (and vrt.connect) refuse. Client epochs stop at 2**52."""
+    async with serving(chat_agent()) as server, session(server) as peer:
+        seq = await peer.send("interrupt", epoch=2**52 + 1)
+        await peer.expect_error("BAD_MESSAGE", seq)
+        await peer.send("interrupt", epoch=2**52)
+        turn = await peer.run_turn()  # every frame is checked against its schema
+        assert turn[0]["epoch"] == 2**52
+
+
+async def test_the_pending_cap_warns_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """A peer alternating over-the-cap connections and freeing a slot got a WARNING and
+    an INFO line a cycle (300 of each in 2 s)."""
+    async with serving(chat_agent(), max_pending_connections=2) as server:
+        for _ in range(30):
+            held = [await trio.open_tcp_stream(HOST, server.port) for _ in range(2)]
+            await trio.sleep(0.02)
+            try:
+                extra = await trio.open_tcp_stream(HOST, server.port)
+            except OSError:
+                pass
+            else:
+                await extra.aclose()
+            for stream in held:
+                await stream.aclose()
+            await trio.sleep(0.02)
+    lines = [r.getMessage() for r in caplog.records if "max_pending_connections" in r.getMessage()]
+    assert len(lines) == 1, lines

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 import vrt
 from vrt._core.bounded import RecentSet
+from vrt._core.events import TextSoFar, preview_length
 from vrt._net.frames import Previews, message_of, messages_of
 from vrt._wire import codec
 from vrt._wire import messages as m
@@ -196,3 +198,19 @@ def test_recent_set_keeps_the_newest() -> None:
     recent.add(2)  # the newest again: 3 is now the oldest
     recent.add(5)
     assert 3 not in recent and 2 in recent
+
+
+def test_an_engine_preview_is_joined_only_when_read() -> None:
+    """The engine's previews hold their fragments, not a copy of the text each (a preview
+    per fragment with all the text so far cost the square of the arguments)."""
+    fragments = ["{", '"a"', ": 1", "}"]
+    lazy = vrt.ToolPreview(
+        call_id="c", turn_id="t", name="n", arguments=TextSoFar(fragments, 2, 4), complete=False
+    )
+    fragments.append("more")  # the list only grows; a preview is a prefix of it
+    assert preview_length(lazy) == 4
+    assert lazy.arguments == '{"a"'
+    eager = vrt.ToolPreview(call_id="c", turn_id="t", name="n", arguments='{"a"', complete=False)
+    assert lazy == eager and hash(lazy) == hash(eager)
+    assert repr(lazy) == repr(eager) and "'{\"a\"'" in repr(lazy)
+    assert attrs.evolve(lazy, arguments="x").arguments == "x"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from vrt._core.events import Phase, ToolPreview, ToolStream
+from vrt._core.events import Phase, TextSoFar, ToolPreview, ToolStream
 from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt._core.tables import TOOL_CALL
 from vrt._engine.agent import Allow, CallInfo, Reject, Rewrite
@@ -52,6 +52,7 @@ class Call:
         "app",
         "arguments",
         "call_id",
+        "chars",
         "clear_to_send",
         "fragments",
         "kind",
@@ -89,6 +90,8 @@ class Call:
                 self.clear_to_send.set()
         self.machine = TOOL_CALL.new()
         self.fragments: list[str] = []
+        self.chars = 0
+        """Characters of the fragments so far (what a preview of them is long)."""
         self.size = 0
         """UTF-8 bytes of the fragments so far (counted only under a limit)."""
         self.text: str | None = None  # the arguments' full JSON text, once complete
@@ -110,6 +113,7 @@ class Call:
                 return False
         self.machine.send("delta")
         self.fragments.append(fragment)
+        self.chars += len(fragment)
         self._emit(Phase.ARGUMENTS_DELTA, delta=fragment)
         return True
 
@@ -363,14 +367,17 @@ class Call:
                 **fields,
             )
         )
-        text = self.text if self.text is not None else "".join(self.fragments)
+        fragments = self.fragments
+        text = self.text
         session.emit(
             ToolPreview(
                 call_id=self.call_id,
                 turn_id=turn.turn_id,
                 name=self.name,
-                arguments=text,
-                complete=self.text is not None,
+                arguments=text
+                if text is not None
+                else TextSoFar(fragments, len(fragments), self.chars),
+                complete=text is not None,
             )
         )
 

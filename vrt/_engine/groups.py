@@ -17,6 +17,9 @@ def single_unwrapped() -> Iterator[None]:
     try:
         yield
     except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+        lone: BaseException = group
+        while isinstance(lone, BaseExceptionGroup) and len(lone.exceptions) == 1:
+            lone = lone.exceptions[0]  # nested nurseries nest their groups of one
+        if lone is group:
+            raise
+        raise lone from None

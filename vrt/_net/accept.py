@@ -2,15 +2,17 @@
 
 trio's ``serve_listeners`` logs an ERROR with a traceback every 0.1 s while the process is
 out of file descriptors, and trio-websocket keeps a connection that has not finished its
-upgrade for 60 s, even after the peer closed it. Here: one log line per episode of
-``EMFILE``, a cap on connections not yet in a session (beyond it new ones are closed at
-once), and a :class:`GuardedStream` that tells the handshake the moment the peer leaves.
+upgrade for 60 s, even after the peer closed it. Here: a cap on connections not yet in a
+session (beyond it new ones are closed at once), a warning a minute at most while out of
+file descriptors or at that cap, and a :class:`GuardedStream` that tells the handshake the
+moment the peer leaves.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -92,28 +94,45 @@ def abort(stream: trio.SocketStream) -> None:
     sock.close()
 
 
+class Throttled:
+    """A warning a peer can cause again and again, logged at most once per ``interval``
+    seconds, saying how often it happened since the last line."""
+
+    __slots__ = ("_last", "_missed", "interval")
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self.interval = interval
+        self._last = -math.inf
+        self._missed = 0
+
+    def warn(self, message: str, *args: object) -> None:
+        now = trio.current_time()
+        if now - self._last < self.interval:
+            self._missed += 1
+            return
+        if self._missed:
+            message += f" (and {self._missed} more times in the last {self.interval:g} s)"
+        log.warning(message, *args)
+        self._last, self._missed = now, 0
+
+
 class Accepting:
     """The connections not yet in a session, counted against ``limit``."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.pending = 0
-        self._refusing = False
+        self._full = Throttled()
 
     def admit(self) -> bool:
         """Whether a new connection may start its handshake (counted if so)."""
         if self.pending >= self.limit:
-            if not self._refusing:
-                self._refusing = True
-                log.warning(
-                    "%d connections are in their handshake (max_pending_connections): "
-                    "new ones are closed at once until one finishes",
-                    self.pending,
-                )
+            self._full.warn(
+                "%d connections are in their handshake (max_pending_connections): a new one "
+                "was closed at once",
+                self.pending,
+            )
             return False
-        if self._refusing:
-            self._refusing = False
-            log.info("accepting new connections again")
         self.pending += 1
         return True
 
@@ -130,25 +149,20 @@ async def accept_loop(
 ) -> NoReturn:
     """Accept connections on ``listener`` until cancelled; each counted one is handed to
     ``handle`` in a task of ``nursery`` (which must call ``accepting.done()``)."""
-    out_of_fds = False
+    out_of_fds = Throttled()
     while True:
         try:
             stream = await listener.accept()
         except OSError as exc:
             if exc.errno not in _CAPACITY:
                 raise
-            if not out_of_fds:
-                out_of_fds = True
-                log.warning(
-                    "cannot accept connections: %s; retrying every %g s",
-                    errno.errorcode.get(exc.errno or 0, exc),
-                    _RETRY_AFTER,
-                )
+            out_of_fds.warn(
+                "cannot accept connections: %s; retrying every %g s",
+                errno.errorcode.get(exc.errno or 0, exc),
+                _RETRY_AFTER,
+            )
             await trio.sleep(_RETRY_AFTER)
             continue
-        if out_of_fds:
-            out_of_fds = False
-            log.info("accepting connections again")
         if not accepting.admit():
             abort(stream)
             await trio.lowlevel.checkpoint()

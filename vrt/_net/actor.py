@@ -26,6 +26,7 @@ from vrt._engine.session import Session
 from vrt._errors import SessionClosed
 from vrt._net.frames import Previews, messages_of
 from vrt._net.link import Link, RateLimit, send_and_close
+from vrt._net.pumps import cancelled
 from vrt._wire import messages as m
 from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import ServerProtocol
@@ -241,7 +242,7 @@ class SessionActor:
         finally:
             # Cancelled from outside: the server is shutting down (trio-websocket may
             # already have closed the socket under the reader, so this, not the exception).
-            shutdown = trio.current_effective_deadline() == -math.inf
+            shutdown = cancelled()
             frames = link.pending()
             if self.link is link:
                 self.link = None

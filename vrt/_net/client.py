@@ -30,7 +30,7 @@ from vrt._engine.groups import single_unwrapped
 from vrt._engine.subscription import Subscription
 from vrt._engine.tools import AppTool
 from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
-from vrt._net.pumps import AckTimer, send_frames
+from vrt._net.pumps import AckTimer, patiently, send_frames
 from vrt._wire import messages as m
 from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
 from vrt._wire.endpoint import FrameTooLarge
@@ -40,12 +40,13 @@ log = logging.getLogger("vrt.client")
 
 CLOSE_TIMEOUT = 5.0
 """How long leaving ``vrt.connect`` waits for ``closed``, and then for the connection to end."""
-CANCEL_GRACE = 0.25
-"""The same, each, when the block is left by cancellation: it returns within a second."""
 RESUME_TIMEOUT = 30.0
 """How long a client tries to resume a lost session (the server's default window)."""
 CONNECT_TIMEOUT = 10.0
 """How long one connection attempt may take: TCP, TLS, the upgrade and the ``welcome``."""
+STABLE_AFTER = 5.0
+"""A resumed connection that lasts this long ends the resume episode (backoff and
+``resume_timeout`` start afresh at the next loss)."""
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 2.0
 """Reconnect delays: doubling from the first to the max, each with random jitter (50-100 %)."""
@@ -297,6 +298,10 @@ class Client:
                             self.proto.hello()
                             refusal = await self._await_welcome(ws)
                             if refusal is not None:
+                                # The server said ``closed``: it closes next. A short wait
+                                # for its close handshake, so the error comes promptly.
+                                with trio.move_on_after(1.0):
+                                    await ws.aclose()
                                 raise refusal
                             task_status.started()
                         else:
@@ -311,12 +316,18 @@ class Client:
                                 return
                             self._resumed()
                         attempt_scope.deadline = math.inf  # connected: no deadline any more
-                        resume_until, attempt = None, 1
+                        if attempt == 0:
+                            attempt = 1
+                        connected_at = trio.current_time()
                         if self.proto.ack_due:
-                            self._acks.due(
-                                self._send_ack
-                            )  # the welcome; on a resume, everything again
+                            # the welcome; on a resume, everything again
+                            self._acks.due(self._send_ack)
                         lost = await self._pump(ws)
+                        if trio.current_time() - connected_at >= STABLE_AFTER:
+                            # It held: a later loss is a new episode, with a fresh budget.
+                            # One that drops at once keeps the backoff and the deadline,
+                            # so a server that drops every resume does not loop forever.
+                            resume_until, attempt = None, 1
                         if lost and _too_large(ws):
                             # Resuming would replay the same frame into the same refusal.
                             log.warning(
@@ -335,6 +346,14 @@ class Client:
                 log.debug(
                     "session %s: connection attempt %d failed: %r", self.session_id, attempt, exc
                 )
+            except RemoteProtocolError as exc:
+                if opening:
+                    raise  # vrt.connect's own error: refused, or not a vrt server
+                # A resume refused at the door (the upgrade, a hello too large): the session
+                # is over for this client, and the app hears it as an event, not a raise.
+                log.info("session %s: resume failed: %s", self.session_id, exc)
+                self._dispatch(Closed(reason="too_large" if exc.code == "TOO_LARGE" else "expired"))
+                return
             if not lost:
                 return
             if self.proto.connection.state == "open":
@@ -473,14 +492,29 @@ class Client:
         finally:
             self._running = None
 
-    async def _close(self, patience: float) -> None:
-        if self.closed is None and self.proto.connection.state == "open":
+    async def _say_close(self) -> None:
+        """Send ``close`` (once) and wait for the server's ``closed``."""
+        if self.closed is None and self.proto.connection.state == "open" and not self._closing:
             self._closing = True
             self.proto.close()
             self._flush()
-            with trio.move_on_after(patience):
-                await self._closed.wait()
-        if self.closed is None:  # no answer, or no connection to ask on: closed here
+        if self.closed is None and self._closing:
+            await self._closed.wait()
+
+    async def _leave(self) -> None:
+        """End the session for good: ``close``, its ``closed``, the connection's end; each
+        up to CLOSE_TIMEOUT, or CANCEL_GRACE once the caller is cancelled."""
+        try:
+            await patiently(self._say_close, CLOSE_TIMEOUT)
+        finally:
+            self._closed_here()  # no answer, or no connection to ask on: closed here
+        # Let the connection end on its own (the server closes it after ``closed``):
+        # cancelling it would stop trio-websocket's reader, and a close handshake then
+        # waits for a reply nobody reads.
+        await patiently(self._links_done.wait, CLOSE_TIMEOUT)
+
+    def _closed_here(self) -> None:
+        if self.closed is None:
             self._dispatch(Closed(reason="client"))
 
 
@@ -529,21 +563,10 @@ async def open_client(
             try:
                 yield client
             finally:
-                # Left by cancellation: say close, but wait only briefly for anything.
-                patience = CANCEL_GRACE if _cancelled() else CLOSE_TIMEOUT
-                with trio.CancelScope(shield=True):
-                    await client._close(patience)
-                    # Let the connection end on its own (the server closes it after
-                    # ``closed``): cancelling it would stop trio-websocket's reader, and a
-                    # close handshake then waits for a reply nobody reads.
-                    with trio.move_on_after(patience):
-                        await client._links_done.wait()
-                nursery.cancel_scope.cancel()
-
-
-def _cancelled() -> bool:
-    """Whether the calling task is being cancelled (an enclosing scope is)."""
-    return trio.current_effective_deadline() == -math.inf
+                try:
+                    await client._leave()
+                finally:
+                    nursery.cancel_scope.cancel()
 
 
 def _too_large(ws: Any) -> bool:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import ssl
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
@@ -29,7 +28,6 @@ from vrt._engine.tools import AppTool
 from vrt._errors import RemoteProtocolError
 from vrt._net.accept import GuardedStream
 from vrt._net.client import (
-    CANCEL_GRACE,
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
     RESUME_TIMEOUT,
@@ -37,6 +35,7 @@ from vrt._net.client import (
     Lost,
     open_client,
 )
+from vrt._net.pumps import patiently
 from vrt._wire import messages as m
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
@@ -126,13 +125,16 @@ async def _open_ws(
     # it open when the server ends the connection first.
     tcp = await trio.open_tcp_stream(host, port)
     guarded = GuardedStream(tcp)
+    upgraded = False
     stream: trio.abc.Stream = guarded
     try:
         if secure:
-            stream = trio.SSLStream(
+            tls = trio.SSLStream(
                 guarded, ssl.create_default_context(), server_hostname=host, https_compatible=True
             )
-        with _handshake_errors(), single_unwrapped():
+            await _tls_handshake(tls)
+            stream = tls
+        with _handshake_errors(lambda: upgraded), single_unwrapped():
             async with trio.open_nursery() as nursery:
                 with trio.CancelScope() as upgrade:
                     guarded.on_close = upgrade.cancel  # trio-websocket would wait forever
@@ -148,26 +150,36 @@ async def _open_ws(
                 if upgrade.cancelled_caught:
                     nursery.cancel_scope.cancel()
                     raise Lost("the server closed the connection during the upgrade")
+                upgraded = True
                 try:
                     yield ws
                 finally:
-                    if ws.closed is None:  # a lost one needs no close handshake
-                        patience = CANCEL_GRACE if _cancelled() else CLOSE_TIMEOUT
-                        with trio.move_on_after(patience) as scope:
-                            scope.shield = True
-                            await ws.aclose()
-                    nursery.cancel_scope.cancel()
+                    try:
+                        if ws.closed is None:  # a lost one needs no close handshake
+                            await patiently(ws.aclose, CLOSE_TIMEOUT)
+                    finally:
+                        nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await tcp.aclose()
 
 
-def _cancelled() -> bool:
-    return trio.current_effective_deadline() == -math.inf
+async def _tls_handshake(tls: trio.SSLStream[GuardedStream]) -> None:
+    """TLS first, on its own: trio-websocket would swallow its failure in its reader task
+    and leave the upgrade waiting. A peer that closes is a lost attempt (tried again); a
+    refused certificate, or a peer that does not speak TLS, is ``TLS`` at once."""
+    try:
+        await tls.do_handshake()
+    except trio.BrokenResourceError as exc:
+        cause = exc.__cause__
+        if not isinstance(cause, ssl.SSLError) or isinstance(cause, ssl.SSLEOFError):
+            raise Lost("the server closed the connection during the TLS handshake") from None
+        reason = getattr(cause, "verify_message", None) or cause.reason or type(cause).__name__
+        raise RemoteProtocolError("TLS", f"the TLS handshake failed: {reason}") from None
 
 
 @contextlib.contextmanager
-def _handshake_errors() -> Iterator[None]:
+def _handshake_errors(upgraded: Callable[[], bool]) -> Iterator[None]:
     """What goes wrong in an upgrade, as :class:`~vrt.RemoteProtocolError`: a refusal
     (HTTP 4xx/5xx: trio-websocket's ConnectionRejected, raised from its reader task and
     unwrapped from the nursery's group) is ``HTTP_<status>``; a reply that is not HTTP, or
@@ -175,7 +187,7 @@ def _handshake_errors() -> Iterator[None]:
     when it is a line of plain text (a reason, never an HTML page)."""
     try:
         yield
-    except ConnectionRejected as exc:
+    except ConnectionRejected as exc:  # raised before the upgrade completes, by nature
         text = f"the server refused the upgrade: HTTP {exc.status_code}"
         reason = _reason(exc.body)
         raise RemoteProtocolError(
@@ -184,7 +196,7 @@ def _handshake_errors() -> Iterator[None]:
     except (Lost, HandshakeError, trio.Cancelled, RemoteProtocolError):
         raise
     except Exception as exc:
-        if type(exc).__module__.split(".")[0] not in ("h11", "wsproto"):
+        if upgraded() or type(exc).__module__.split(".")[0] not in ("h11", "wsproto"):
             raise
         # h11/wsproto found the reply broken (trio-websocket lets it escape its reader)
         raise RemoteProtocolError(

@@ -21,6 +21,7 @@ from vrt._core.events import (
     ToolStream,
     TurnEnded,
     TurnStarted,
+    preview_length,
 )
 from vrt._wire import messages as m
 
@@ -129,7 +130,7 @@ class Previews:
         """Whether ``event`` goes out."""
         call_id = event.call_id
         last = self._sent.get(call_id)
-        size = len(event.arguments)
+        size = preview_length(event)
         if call_id in self._ending:  # its last preview: the call is over
             self._ending.discard(call_id)
             self._sent.pop(call_id, None)

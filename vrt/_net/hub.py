@@ -66,12 +66,13 @@ class Hub:
         """
         guarded = GuardedStream(stream)
         deadline = trio.current_time() + self.options.handshake_timeout
-        counted = [True]
+        counted = True
         late = False
 
         def handshake_done() -> None:
-            if counted[0]:
-                counted[0] = False
+            nonlocal counted
+            if counted:
+                counted = False
                 self.accepting.done()
 
         try:
@@ -204,7 +205,9 @@ class Hub:
         assert hello.resume is not None
         actor = self.sessions.get(hello.resume.session_id)
         token = actor.proto.resume_token if actor is not None else _DECOY_TOKEN
-        matches = hmac.compare_digest(hello.resume.token.encode(), token.encode())
+        # surrogatepass: a token is the peer's string, and JSON can carry a lone surrogate
+        offered = hello.resume.token.encode("utf-8", "surrogatepass")
+        matches = hmac.compare_digest(offered, token.encode())
         if (
             actor is None
             or not matches

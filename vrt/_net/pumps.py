@@ -3,13 +3,42 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import trio
 from trio_websocket import ConnectionClosed
 
 log = logging.getLogger("vrt")
+
+CANCEL_GRACE = 0.25
+"""What a goodbye step (a close frame, a close handshake) gets once its task is being
+cancelled: leaving ``vrt.connect`` by cancellation returns within a second."""
+
+
+def cancelled() -> bool:
+    """Whether the calling task is being cancelled (an enclosing scope is)."""
+    return trio.current_effective_deadline() == -math.inf
+
+
+async def patiently(step: Callable[[], Awaitable[object]], patience: float) -> None:
+    """Await ``step()`` for up to ``patience`` seconds, shielded from nothing: a cancel
+    that arrives meanwhile (or had already) cuts it to :data:`CANCEL_GRACE`, shielded, and
+    is re-raised. For a goodbye that should be polite, but never hold a cancelled caller."""
+    if not cancelled():
+        try:
+            with trio.move_on_after(patience):
+                await step()
+            return
+        except trio.Cancelled:
+            with trio.move_on_after(CANCEL_GRACE) as grace:
+                grace.shield = True
+                await step()
+            raise
+    with trio.move_on_after(CANCEL_GRACE) as grace:
+        grace.shield = True
+        await step()
 
 
 async def send_frames(

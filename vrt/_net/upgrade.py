@@ -116,7 +116,7 @@ async def check_upgrade(options: Options, request: WebSocketRequest) -> tuple[bo
     except Refuse as refusal:
         log.info("refused %s: %s", handshake.remote, refusal)
         with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
-            await request.reject(refusal.status, body=refusal.reason.encode())
+            await request.reject(refusal.status, body=refusal.reason.encode("utf-8", "replace"))
         return False, None
     except Exception:  # the hook's bug: refuse, never crash the server
         log.exception("authenticate failed for %s", handshake.remote)

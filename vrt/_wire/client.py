@@ -135,7 +135,7 @@ class ClientProtocol(Endpoint):
             m.Hello,
             protocol=m.PROTOCOL,
             capabilities=self.offered,
-            tools=self.tools,
+            tools=(),  # the session's tools were declared when it began: a small hello
             resume=m.ResumeRequest(
                 session_id=self.session_id, token=self.resume_token, last_seq=self.received_seq
             ),
