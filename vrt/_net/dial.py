@@ -58,9 +58,9 @@ async def connect(
     ``connect_timeout`` seconds. Raises :class:`~vrt.RemoteProtocolError` if the server
     refuses the hello (e.g. an app tool named like a server tool: ``TOOL_CONFLICT``) or the
     upgrade (``HTTP_401``, ...: ``authenticate`` or the origin check), answers what is not
-    a WebSocket upgrade (``HANDSHAKE``), closes the connection during the handshake on
-    every try (``CLOSED``) or does not welcome the client within ``connect_timeout``
-    (``TIMEOUT``); an OSError if nothing accepts the TCP connection. ``headers`` go with
+    a WebSocket upgrade (``HANDSHAKE``) or fails TLS (``TLS``), closes the connection
+    during the handshake on every try (``CLOSED``) or does not welcome the client within
+    ``connect_timeout`` (``TIMEOUT``); an OSError if nothing accepts the TCP connection. ``headers`` go with
     every upgrade request (for instance ``[("authorization", "Bearer ...")]``).
 
     A lost connection is resumed (``resume=True``): the client reconnects with backoff
