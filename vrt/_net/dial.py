@@ -60,8 +60,9 @@ async def connect(
     upgrade (``HTTP_401``, ...: ``authenticate`` or the origin check), answers what is not
     a WebSocket upgrade (``HANDSHAKE``) or fails TLS (``TLS``), closes the connection
     during the handshake on every try (``CLOSED``) or does not welcome the client within
-    ``connect_timeout`` (``TIMEOUT``); an OSError if nothing accepts the TCP connection. ``headers`` go with
-    every upgrade request (for instance ``[("authorization", "Bearer ...")]``).
+    ``connect_timeout`` (``TIMEOUT``); an OSError if nothing accepts the TCP connection.
+    ``headers`` go with every upgrade request (for instance
+    ``[("authorization", "Bearer ...")]``).
 
     A lost connection is resumed (``resume=True``): the client reconnects with backoff
     while the app sees :class:`~vrt.Reconnecting`, then :class:`~vrt.Resumed` and the
