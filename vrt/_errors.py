@@ -45,3 +45,18 @@ class RemoteProtocolError(VrtError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class ModelError(VrtError):
+    """The model failed a step: a provider's HTTP error, an error event in its stream, a
+    lost connection, or a stream that broke the rules of :mod:`vrt.models`.
+
+    ``status`` is the HTTP status (None for a stream error or a lost connection);
+    ``message`` is short and never carries a key, a header or a request body. Raised
+    inside the step: the turn ends ``failed``, and no next step runs.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message if status is None else f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message

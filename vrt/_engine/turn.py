@@ -20,7 +20,7 @@ from vrt._core.results import CallRecord, TurnResult, TurnStatus
 from vrt._core.tables import TURN
 from vrt._engine.call import Call, _describe
 from vrt._engine.current import current_session
-from vrt._errors import InvalidTransition, SessionClosed, VrtError
+from vrt._errors import InvalidTransition, ModelError, SessionClosed
 from vrt.models import AgentText, CallDelta, CallEnd, CallStart, HistoryItem, Text, TurnInterrupted
 
 if TYPE_CHECKING:
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("vrt")
 
 STOPPED = "the model stopped before completing the arguments"
-
-
-class ModelError(VrtError):
-    """The model broke the stream's rules (unknown call id, duplicate id, bad event)."""
 
 
 class Turn:

@@ -7,9 +7,18 @@ is ``CallStart``, any number of ``CallDelta`` fragments of its JSON arguments, t
 does not stream them); otherwise the arguments are the concatenated deltas. A step whose
 stream ends with a call not ended means the model stopped before completing its arguments:
 that call fails.
+
+The adapters of real models (each a :class:`Model` over HTTP, streaming Server-Sent
+Events): :class:`OpenAIChat` (Chat Completions, and vLLM, Ollama, llama.cpp, LM Studio),
+:class:`OpenAIResponses` (the Responses API, stateless) and :class:`AnthropicMessages`.
+What each sends is public and pure: :func:`render_openai_chat`,
+:func:`render_openai_responses`, :func:`render_anthropic`.
 """
 
 from vrt._core.results import CallRecord
+from vrt.models._adapters import AnthropicMessages, OpenAIChat, OpenAIResponses
+from vrt.models._anthropic import render_anthropic
+from vrt.models._chat import render_openai_chat
 from vrt.models._protocol import (
     AgentText,
     CallDelta,
@@ -24,9 +33,11 @@ from vrt.models._protocol import (
     TurnInterrupted,
     UserInput,
 )
+from vrt.models._responses import render_openai_responses
 
 __all__ = [
     "AgentText",
+    "AnthropicMessages",
     "CallDelta",
     "CallEnd",
     "CallRecord",
@@ -35,8 +46,13 @@ __all__ = [
     "Model",
     "ModelEvent",
     "ModelRequest",
+    "OpenAIChat",
+    "OpenAIResponses",
     "Text",
     "ToolSpec",
     "TurnInterrupted",
     "UserInput",
+    "render_anthropic",
+    "render_openai_chat",
+    "render_openai_responses",
 ]

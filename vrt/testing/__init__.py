@@ -29,6 +29,7 @@ import trio
 from vrt._engine.agent import Agent
 from vrt._net.client import Client
 from vrt._net.serve import Server, serve
+from vrt.testing._providers import FakeProvider
 from vrt.testing._proxy import LoopbackProxy
 from vrt.testing._scripted_agent import (
     TurnScripts,
@@ -48,6 +49,7 @@ from vrt.testing._strategies import (
 
 __all__ = [
     "CuttingConnection",
+    "FakeProvider",
     "LoopbackProxy",
     "TurnScripts",
     "asks_confirmation",

@@ -1,0 +1,126 @@
+"""Server-Sent Events, sans-IO: bytes in, events out (the WHATWG ``text/event-stream`` rules).
+
+:class:`SSEDecoder` takes the response body in whatever chunks the network gives and
+returns each complete event: its ``event`` name (``message`` by default), its ``data``
+(lines joined with ``\\n``) and its ``id``. Lines end with CRLF, LF or CR; a line that
+starts with ``:`` is a comment (keep-alives); a field without a colon has an empty value;
+one space after the colon is dropped; a UTF-8 BOM at the start is skipped. An event is
+dispatched at a blank line, and only if it has data. A line or an event larger than
+``max_event_bytes`` raises :class:`~vrt.ModelError`: a provider's stream is untrusted
+input, and the buffer is bounded.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+import attrs
+
+from vrt._errors import ModelError
+
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+"""The largest event (or line) a stream may send; a provider's events are a few KiB."""
+
+
+@attrs.frozen(kw_only=True)
+class SSEEvent:
+    """One dispatched event."""
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+
+
+class SSEDecoder:
+    """Decode one ``text/event-stream`` body (see the module)."""
+
+    def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""  # the text after the last line break
+        self._cr = False  # the last chunk ended with CR: an LF next is part of that break
+        self._first = True
+        self._max = max_event_bytes
+        self._event = ""
+        self._data: list[str] = []
+        self._size = 0
+        self._id: str | None = None
+        self.last_id: str | None = None
+        """The last ``id`` field seen (what a reconnecting client would send back)."""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The events completed by ``chunk``."""
+        text = self._decoder.decode(chunk)
+        if self._first and text:
+            self._first = False
+            text = text.removeprefix("\ufeff")
+        if self._cr:
+            self._cr = False
+            text = text.removeprefix("\n")
+        text = self._pending + text
+        events: list[SSEEvent] = []
+        start = 0
+        length = len(text)
+        while True:
+            cut = _next_break(text, start)
+            if cut < 0:
+                break
+            line = text[start:cut]
+            if text[cut] == "\r":
+                if cut + 1 < length:
+                    if text[cut + 1] == "\n":
+                        cut += 1
+                else:
+                    self._cr = True  # CR at the end: skip an LF that starts the next chunk
+            start = cut + 1
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        self._pending = text[start:]
+        if len(self._pending) > self._max:
+            raise ModelError(f"the event stream sent a line over {self._max} bytes")
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """The end of the body: an event not ended by a blank line is dropped (the
+        standard's rule), but a last line without its break is still read."""
+        tail = self._pending + self._decoder.decode(b"", final=True)
+        self._pending = ""
+        if tail:
+            self._line(tail)
+        return []
+
+    def _line(self, line: str) -> SSEEvent | None:
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None  # a comment: keep-alive
+        field, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            self._size += len(value) + 1
+            if self._size > self._max:
+                raise ModelError(f"the event stream sent an event over {self._max} bytes")
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
+        elif field == "id":
+            if "\0" not in value:
+                self._id = value
+        # "retry" and unknown fields: ignored (we never reconnect a model stream)
+        return None
+
+    def _dispatch(self) -> SSEEvent | None:
+        data, event, self._data, self._event, self._size = self._data, self._event, [], "", 0
+        if self._id is not None:
+            self.last_id = self._id
+        if not data:
+            return None
+        return SSEEvent(event=event or "message", data="\n".join(data), id=self.last_id)
+
+
+def _next_break(text: str, start: int) -> int:
+    """The index of the next CR or LF at or after ``start``, or -1."""
+    lf = text.find("\n", start)
+    cr = text.find("\r", start, lf if lf >= 0 else len(text))
+    return cr if cr >= 0 else lf
