@@ -14,6 +14,7 @@ between the socket and the engine, and cancellation must stay exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -139,15 +140,29 @@ class _Adapter:
         """One model step over HTTP. Raises :class:`~vrt.ModelError` on a provider error
         (an HTTP status, an error event, a timeout, a lost connection). Cancelling it (an
         interrupt) closes the HTTP response at once."""
+        try:
+            async with contextlib.aclosing(self._events(request)) as events:
+                async for event in events:
+                    yield event
+        except ModelError as exc:  # a provider may echo what it was sent: never the key
+            message = self._redact(exc.message)
+            if message == exc.message:
+                raise
+            raise ModelError(message, status=exc.status) from None
+
+    async def _events(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         body = {**self._body(request), **self.extra_body}
         feed = self._mapper(self._ids.maker(request))
         async with self._response(body) as response:
             decoder = SSEDecoder()
             try:
-                async for chunk in response.aiter_raw():
-                    for event in decoder.feed(chunk):
-                        for out in feed(event):
-                            yield out
+                # Every generator closed where it is left, never by the garbage collector:
+                # an interrupt or an error stops the read at once.
+                async with contextlib.aclosing(response.aiter_raw()) as chunks:
+                    async for chunk in chunks:
+                        for event in decoder.feed(chunk):
+                            for out in feed(event):
+                                yield out
                 decoder.close()
             except httpx2.TimeoutException:
                 raise ModelError(f"no data from the provider for {self.timeout:g} s") from None
@@ -405,10 +420,11 @@ def _is_stream(response: httpx2.Response) -> bool:
 async def _read_bounded(response: httpx2.Response) -> bytes:
     data = b""
     try:
-        async for chunk in response.aiter_raw():
-            data += chunk
-            if len(data) >= ERROR_BODY_LIMIT:
-                break
+        async with contextlib.aclosing(response.aiter_raw()) as chunks:
+            async for chunk in chunks:
+                data += chunk
+                if len(data) >= ERROR_BODY_LIMIT:
+                    break
     except httpx2.HTTPError:
         pass
     return data[:ERROR_BODY_LIMIT]

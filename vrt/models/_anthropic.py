@@ -20,6 +20,8 @@ from vrt.models._protocol import CallDelta, CallEnd, CallStart, ModelEvent, Mode
 from vrt.models._render import User, arguments_object, conversation, result_text, tools_of
 
 _ID = re.compile(r"[^A-Za-z0-9_-]")
+EMPTY_INPUT = "(an empty message)"
+"""What an empty user input is sent as: the API refuses an empty text block."""
 
 
 def _tool_id(call_id: str) -> str:
@@ -32,8 +34,9 @@ def render_anthropic(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
 
     Roles alternate: each assistant step's ``tool_use`` blocks are answered by
     ``tool_result`` blocks at the start of the next user message, which also carries the
-    next input (consecutive user content is merged into one message). Empty text is left
-    out (the API refuses empty text blocks).
+    next input (consecutive user content is merged into one message). The API refuses
+    empty text blocks: an assistant step's empty text is left out, an empty user input is
+    sent as :data:`EMPTY_INPUT`.
     """
     messages: list[dict[str, Any]] = []
 
@@ -45,8 +48,7 @@ def render_anthropic(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
 
     for entry in conversation(request.history):
         if isinstance(entry, User):
-            text = entry.content
-            user([{"type": "text", "text": text}] if text else [])
+            user([{"type": "text", "text": entry.content or EMPTY_INPUT}])
             continue
         blocks: list[dict[str, Any]] = []
         if entry.text:

@@ -44,9 +44,15 @@ class HTTPFailure:
 
 @attrs.frozen(kw_only=True)
 class StreamFailure:
-    """An item that makes the stream send the API's error event and end there."""
+    """An item that makes the stream send the API's error event and end there, or (with
+    ``hang_up``) drop the connection mid-stream."""
 
     message: str = "the model is overloaded"
+    hang_up: bool = False
+
+
+class _HungUp(Exception):
+    """The script dropped the connection."""
 
 
 Step = Sequence[ScriptItem | StreamFailure] | HTTPFailure
@@ -117,6 +123,11 @@ class FakeProvider:
         """An item: the API's error event, then the stream ends."""
         return StreamFailure(message=message)
 
+    @staticmethod
+    def hang_up() -> StreamFailure:
+        """An item: the connection is dropped there, mid-stream (no end of the body)."""
+        return StreamFailure(hang_up=True)
+
     # -- serving -----------------------------------------------------------------------------------
 
     @property
@@ -160,7 +171,7 @@ class FakeProvider:
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return
                 conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError, _HungUp):
             return
         finally:
             await stream.aclose()
@@ -234,31 +245,51 @@ class FakeProvider:
             else:
                 conn.receive_data(data)  # the next request, early: h11 keeps it
 
+        disconnected = hung_up = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
             try:
                 with trio.CancelScope() as sending:
                     nursery.start_soon(_cancel_when, closed, sending)
                     for item in events:
+                        if item is _HANG_UP:
+                            hung_up = True
+                            break
                         if isinstance(item, float):
                             await trio.sleep(item)
                             continue
                         if self.delay:
                             await trio.sleep(self.delay)
                         await stream.send_all(conn.send(h11.Data(data=item)) or b"")
-                    await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
-                if sending.cancelled_caught:
-                    raise trio.BrokenResourceError("the client closed the stream")
+                    else:
+                        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+                disconnected = sending.cancelled_caught
             except trio.BrokenResourceError:
-                self.disconnects += 1
-                self.disconnected_at.append(trio.current_time())
-                raise
+                disconnected = True
             finally:
                 nursery.cancel_scope.cancel()
+        # Raised out here: inside the nursery it would come wrapped in a group.
+        if disconnected:
+            self.disconnects += 1
+            self.disconnected_at.append(trio.current_time())
+            raise trio.BrokenResourceError("the client closed the stream")
+        if hung_up:
+            raise _HungUp
 
     # -- the wire formats ------------------------------------------------------------------------
 
     def _events(self, step: Sequence[ScriptItem | StreamFailure]) -> Iterator[bytes | float]:
+        for index, item in enumerate(step):
+            if isinstance(item, StreamFailure) and item.hang_up:
+                # What the items before it send, without the format's closing events
+                # (a finish chunk and [DONE], message_delta and message_stop, or
+                # response.completed), then the connection drops.
+                before = list(self._format(step[:index]))
+                closing = 1 if self.api == "openai-responses" else 2
+                return iter([*before[:-closing], _HANG_UP])
+        return self._format(step)
+
+    def _format(self, step: Sequence[ScriptItem | StreamFailure]) -> Iterator[bytes | float]:
         if self.api == "openai-chat":
             return self._chat(step)
         if self.api == "anthropic":
@@ -422,6 +453,9 @@ class FakeProvider:
                 done = {**call, "arguments": text, "status": "completed"}
                 yield event("response.output_item.done", {"output_index": index, "item": done})
         yield event("response.completed", {"response": {"id": "resp_fake", "status": "completed"}})
+
+
+_HANG_UP = b""
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:
