@@ -57,27 +57,26 @@ class SSEDecoder:
             self._cr = False
             text = text.removeprefix("\n")
         text = self._pending + text
+        if "\r" in text:
+            if text.endswith("\r"):
+                self._cr = True  # an LF starting the next chunk belongs to this break
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        self._pending = lines.pop()  # the text after the last break: an unfinished line
+        if len(self._pending) > self._max:
+            raise ModelError(f"the event stream sent a line over {self._max} bytes")
         events: list[SSEEvent] = []
-        start = 0
-        length = len(text)
-        while True:
-            cut = _next_break(text, start)
-            if cut < 0:
-                break
-            line = text[start:cut]
-            if text[cut] == "\r":
-                if cut + 1 < length:
-                    if text[cut + 1] == "\n":
-                        cut += 1
-                else:
-                    self._cr = True  # CR at the end: skip an LF that starts the next chunk
-            start = cut + 1
+        for line in lines:
+            if line.startswith("data:"):  # the common line, inline
+                value = line[6:] if line.startswith("data: ") else line[5:]
+                self._size += len(value) + 1
+                if self._size > self._max:
+                    raise ModelError(f"the event stream sent an event over {self._max} bytes")
+                self._data.append(value)
+                continue
             event = self._line(line)
             if event is not None:
                 events.append(event)
-        self._pending = text[start:]
-        if len(self._pending) > self._max:
-            raise ModelError(f"the event stream sent a line over {self._max} bytes")
         return events
 
     def close(self) -> list[SSEEvent]:
@@ -117,10 +116,3 @@ class SSEDecoder:
         if not data:
             return None
         return SSEEvent(event=event or "message", data="\n".join(data), id=self.last_id)
-
-
-def _next_break(text: str, start: int) -> int:
-    """The index of the next CR or LF at or after ``start``, or -1."""
-    lf = text.find("\n", start)
-    cr = text.find("\r", start, lf if lf >= 0 else len(text))
-    return cr if cr >= 0 else lf
