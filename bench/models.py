@@ -18,8 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-
-
 from bench_common import version
 
 import vrt
