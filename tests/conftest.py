@@ -19,10 +19,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The README runs the suite twice, the second time on real python-statemachine
     instances (VRT_STRICT_MACHINES=1). Tests marked ``network`` (hostile peers, bad
     networks: sockets and timing, not machines) run in the first pass only: deselected in
-    the second, never skipped."""
-    if os.environ.get("VRT_STRICT_MACHINES") != "1":
-        return
-    kept = [item for item in items if item.get_closest_marker("network") is None]
+    the second, never skipped. Tests marked ``llamacpp`` run only with VRT_LLAMACPP=1."""
+    strict = os.environ.get("VRT_STRICT_MACHINES") == "1"
+    llamacpp = os.environ.get("VRT_LLAMACPP") == "1"
+
+    def wanted(item: pytest.Item) -> bool:
+        if item.get_closest_marker("llamacpp") is not None and not llamacpp:
+            return False  # opt-in: needs a llama.cpp server package and a model
+        return not (strict and item.get_closest_marker("network") is not None)
+
+    kept = [item for item in items if wanted(item)]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in kept])
         items[:] = kept

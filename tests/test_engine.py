@@ -803,3 +803,29 @@ async def test_history_snapshot_is_stable() -> None:
     assert snap[-1] == 3 and snap[1:] == (2, 3) and snap == [1, 2, 3]
     with pytest.raises(IndexError):
         snap[3]
+
+
+async def test_an_interrupted_models_stream_is_closed_by_the_engine_not_the_gc() -> None:
+    """The engine consumes a model's stream under aclosing: the model's own cleanup (an
+    adapter closing its HTTP response) runs at the interrupt, before the turn ends."""
+    closed: list[float] = []
+
+    class Slow:
+        async def stream(self, request: vrt.ModelRequest) -> Any:
+            try:
+                yield vrt.models.Text(text="thinking")
+                await trio.sleep_forever()
+            finally:
+                closed.append(trio.current_time())
+
+    async with vrt.open_session(vrt.define_agent(model=Slow())) as session:
+        async with session.subscribe() as events:
+            turn = await session.start_turn("go")
+            async for event in events:
+                if isinstance(event, vrt.TextDelta):
+                    break
+            interrupted_at = trio.current_time()
+            turn.interrupt()
+            result = await turn.wait()
+    assert result.status == "interrupted"
+    assert len(closed) == 1 and closed[0] - interrupted_at < 0.1  # at once, in the unwinding
