@@ -10,6 +10,8 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -354,18 +356,17 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["demo", "--fast"]) == 130
 
 
-async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
+@asynccontextmanager
+async def vrt_serve_process(*flags: str) -> AsyncIterator[tuple[str, trio.Process]]:
+    """``vrt serve tests.serve_agent:agent --port 0 FLAGS`` in a subprocess: its URL, and
+    the process, stopped with SIGINT on the way out (killed if it does not stop)."""
     import signal
 
-    root = Path(__file__).parent.parent
     process = await trio.lowlevel.open_process(
-        [
-            *(sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"),
-            *("--max-sessions", "1", "--resume-window", "5"),
-            *("--allowed-origin", "https://app.example"),
-        ],
-        cwd=root,
+        [sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0", *flags],
+        cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
@@ -373,7 +374,26 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
         with trio.fail_after(20):
             while not line.endswith(b"\n"):
                 line += await process.stdout.receive_some(1)
-        url = line.decode().split(" on ")[1].strip()
+        yield line.decode().split(" on ")[1].strip(), process
+    finally:
+        process.send_signal(signal.SIGINT)
+        with trio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:  # never leave it behind, even when failing
+            process.kill()
+            await process.wait()
+
+
+async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
+    flags = (
+        "--max-sessions",
+        "1",
+        "--resume-window",
+        "5",
+        "--allowed-origin",
+        "https://app.example",
+    )
+    async with vrt_serve_process(*flags) as (url, process):
         async with vrt.connect(url) as client, client.subscribe() as events:
             await client.send_text("ping?")
             async for event in events:
@@ -387,13 +407,6 @@ async def test_vrt_serve_serves_an_agent_from_module_colon_name() -> None:
         with pytest.raises(vrt.RemoteProtocolError, match="HTTP_403"):
             async with vrt.connect(url, headers=[("origin", "https://evil.example")]):
                 pass  # pragma: no cover
-    finally:
-        process.send_signal(signal.SIGINT)
-        with trio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:  # never leave it behind, even when failing
-            process.kill()
-            await process.wait()
     assert process.returncode == 130
 
 
@@ -457,35 +470,13 @@ def test_vrt_serve_on_a_busy_port_is_one_line() -> None:
 
 
 async def test_vrt_serve_logs_connections_and_sessions() -> None:
-    import signal
-
-    root = Path(__file__).parent.parent
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "vrt", "serve", "tests.serve_agent:agent", "--port", "0"],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        line = b""
-        with trio.fail_after(20):
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive_some(1)
-        url = line.decode().split(" on ")[1].strip()
+    async with vrt_serve_process() as (url, process):
         async with vrt.connect(url) as client, client.subscribe() as events:
             await client.send_text("ping?")
             async for event in events:
                 if isinstance(event, vrt.TurnEnded):
                     break
         await trio.sleep(0.3)
-    finally:
-        process.send_signal(signal.SIGINT)
-        with trio.move_on_after(10):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     assert process.stderr is not None
     log = (await process.stderr.receive_some(1 << 20)).decode()
     for expected in ("INFO vrt.server: serving on", "connection from 127.0.0.1", "opened for"):

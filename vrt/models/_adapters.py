@@ -257,14 +257,9 @@ class _Adapter:
         return text.replace(key, "***") if key else text
 
 
-class OpenAIChat(_Adapter):
-    """OpenAI Chat Completions streaming, and every server that speaks it: vLLM, Ollama's
-    ``/v1``, llama.cpp's server, LM Studio (see :mod:`vrt.models._chat` for the quirks it
-    takes). ``api_key`` None: ``$OPENAI_API_KEY`` if set, else no Authorization header (a
-    local server). ``extra_body`` merges into the top of every request body; ``timeout``
-    is the seconds allowed to connect and between two reads of the stream."""
+class _OpenAI(_Adapter):
+    """What the two OpenAI APIs share: the base URL, the key, the header."""
 
-    _path = "/chat/completions"
     _key_variable = "OPENAI_API_KEY"
 
     def __init__(
@@ -288,6 +283,16 @@ class OpenAIChat(_Adapter):
 
     def _headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+
+class OpenAIChat(_OpenAI):
+    """OpenAI Chat Completions streaming, and every server that speaks it: vLLM, Ollama's
+    ``/v1``, llama.cpp's server, LM Studio (see :mod:`vrt.models._chat` for the quirks it
+    takes). ``api_key`` None: ``$OPENAI_API_KEY`` if set, else no Authorization header (a
+    local server). ``extra_body`` merges into the top of every request body; ``timeout``
+    is the seconds allowed to connect and between two reads of the stream."""
+
+    _path = "/chat/completions"
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         return chat_body(request, self.model)
@@ -305,34 +310,12 @@ class OpenAIChat(_Adapter):
         return feed
 
 
-class OpenAIResponses(_Adapter):
+class OpenAIResponses(_OpenAI):
     """The OpenAI Responses API, stateless (``store: false``, the whole input every step),
-    posting to ``{base_url}/responses``; ``api_key`` None: ``$OPENAI_API_KEY``."""
+    posting to ``{base_url}/responses``; ``api_key`` None: ``$OPENAI_API_KEY``; the other
+    options as :class:`OpenAIChat`'s."""
 
     _path = "/responses"
-    _key_variable = "OPENAI_API_KEY"
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        base_url: str = "https://api.openai.com/v1",
-        api_key: str | None = None,
-        client: httpx2.AsyncClient | None = None,
-        extra_body: dict[str, Any] | None = None,
-        timeout: float = 60.0,
-    ) -> None:
-        super().__init__(
-            model,
-            base_url=base_url,
-            api_key=api_key,
-            client=client,
-            extra_body=extra_body,
-            timeout=timeout,
-        )
-
-    def _headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         return responses_body(request, self.model)
