@@ -70,3 +70,26 @@ def test_an_event_over_the_bound_is_a_model_error(body: bytes) -> None:
     decoder = SSEDecoder(max_event_bytes=1000)
     with pytest.raises(vrt.ModelError, match="over 1000 bytes"):
         decoder.feed(body)
+
+
+def test_a_long_line_in_small_chunks() -> None:
+    """The unfinished line is kept in pieces and joined once (not copied every chunk)."""
+    value = b"y" * 50_000
+    body = b"data: " + value + b"\n\n"
+    assert decode(body, cuts=list(range(7, len(body), 7))) == [SSEEvent(data=value.decode())]
+
+
+def test_a_line_over_the_bound_in_small_chunks_is_a_model_error() -> None:
+    decoder = SSEDecoder(max_event_bytes=1000)
+    with pytest.raises(vrt.ModelError, match="a line over 1000 bytes"):
+        for _ in range(200):
+            decoder.feed(b"zzzzzzzzzz")
+
+
+def test_an_error_field_is_an_error_event() -> None:
+    """llama.cpp's server reports a failure mid-stream as an ``error:`` line."""
+    body = b'data: {"a": 1}\n\nerror: {"message": "context full"}\n\n'
+    assert decode(body) == [
+        SSEEvent(data='{"a": 1}'),
+        SSEEvent(event="error", data='{"message": "context full"}'),
+    ]

@@ -4,7 +4,8 @@
 returns each complete event: its ``event`` name (``message`` by default), its ``data``
 (lines joined with ``\\n``) and its ``id``. Lines end with CRLF, LF or CR; a line that
 starts with ``:`` is a comment (keep-alives); a field without a colon has an empty value;
-one space after the colon is dropped; a UTF-8 BOM at the start is skipped. An event is
+one space after the colon is dropped; a UTF-8 BOM at the start is skipped; an ``error:``
+line (llama.cpp's way to fail a stream) becomes an event named ``error``. An event is
 dispatched at a blank line, and only if it has data. A line or an event larger than
 ``max_event_bytes`` raises :class:`~vrt.ModelError`: a provider's stream is untrusted
 input, and the buffer is bounded.
@@ -36,7 +37,8 @@ class SSEDecoder:
 
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._pending = ""  # the text after the last line break
+        self._pieces: list[str] = []  # the text after the last line break, in pieces
+        self._pending_size = 0
         self._cr = False  # the last chunk ended with CR: an LF next is part of that break
         self._first = True
         self._max = max_event_bytes
@@ -56,14 +58,27 @@ class SSEDecoder:
         if self._cr:
             self._cr = False
             text = text.removeprefix("\n")
-        text = self._pending + text
+        if "\n" not in text and "\r" not in text:
+            # Still inside one line: keep the piece, join once the line ends (a long line
+            # in small chunks would otherwise be copied again with every chunk).
+            self._pieces.append(text)
+            self._pending_size += len(text)
+            if self._pending_size > self._max:
+                raise ModelError(f"the event stream sent a line over {self._max} bytes")
+            return []
+        if self._pieces:
+            self._pieces.append(text)
+            text = "".join(self._pieces)
+            self._pieces = []
         if "\r" in text:
             if text.endswith("\r"):
                 self._cr = True  # an LF starting the next chunk belongs to this break
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         lines = text.split("\n")
-        self._pending = lines.pop()  # the text after the last break: an unfinished line
-        if len(self._pending) > self._max:
+        pending = lines.pop()  # the text after the last break: an unfinished line
+        self._pieces = [pending] if pending else []
+        self._pending_size = len(pending)
+        if self._pending_size > self._max:
             raise ModelError(f"the event stream sent a line over {self._max} bytes")
         events: list[SSEEvent] = []
         for line in lines:
@@ -82,8 +97,8 @@ class SSEDecoder:
     def close(self) -> list[SSEEvent]:
         """The end of the body: an event not ended by a blank line is dropped (the
         standard's rule), but a last line without its break is still read."""
-        tail = self._pending + self._decoder.decode(b"", final=True)
-        self._pending = ""
+        tail = "".join(self._pieces) + self._decoder.decode(b"", final=True)
+        self._pieces = []
         if tail:
             self._line(tail)
         return []
@@ -97,17 +112,25 @@ class SSEDecoder:
         if colon and value.startswith(" "):
             value = value[1:]
         if field == "data":
-            self._size += len(value) + 1
-            if self._size > self._max:
-                raise ModelError(f"the event stream sent an event over {self._max} bytes")
-            self._data.append(value)
+            self._add(value)
         elif field == "event":
             self._event = value
         elif field == "id":
             if "\0" not in value:
                 self._id = value
+        elif field == "error":
+            # Not a standard field: llama.cpp's server reports a failure mid-stream as an
+            # ``error:`` line. Dispatched as an ``error`` event, so the stream fails.
+            self._event = "error"
+            self._add(value)
         # "retry" and unknown fields: ignored (we never reconnect a model stream)
         return None
+
+    def _add(self, value: str) -> None:
+        self._size += len(value) + 1
+        if self._size > self._max:
+            raise ModelError(f"the event stream sent an event over {self._max} bytes")
+        self._data.append(value)
 
     def _dispatch(self) -> SSEEvent | None:
         data, event, self._data, self._event, self._size = self._data, self._event, [], "", 0
