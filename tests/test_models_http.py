@@ -3,6 +3,7 @@ dialect: whole turns, barge-in, retries, errors, timeouts, and secrets kept."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -147,7 +148,9 @@ async def test_retries_before_the_first_event_honour_retry_after() -> None:
     assert elapsed >= 0.2 + 0.5  # retry-after, then the backoff's 0.5 s (doubled from 0.5)
 
 
-@pytest.mark.parametrize(("status", "tries"), [(500, 3), (429, 3), (400, 1), (401, 1)])
+@pytest.mark.parametrize(
+    ("status", "tries"), [(500, 3), (529, 3), (429, 3), (408, 3), (400, 1), (401, 1)]
+)
 async def test_an_http_error_fails_the_turn(
     status: int, tries: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -163,10 +166,34 @@ async def test_an_http_error_fails_the_turn(
     assert [e.reason for e in log if isinstance(e, vrt.TurnEnded)] == ["failed"]
 
 
+@pytest.mark.parametrize(("api", "dialect"), CASES)
+async def test_a_call_cut_off_at_the_token_limit_fails_and_never_runs(
+    api: str, dialect: str
+) -> None:
+    """Each API's own way to say a call was cut off (Chat's finish_reason ``length``;
+    Anthropic's ``max_tokens`` after the block was stopped; Responses' item done
+    ``incomplete``): the call fails, the tool never runs, the turn still finishes. Ollama
+    sends calls whole, parsed out of the model's text: a cut one never comes at all."""
+    weather_runs.clear()
+    steps = [[vrt.call("weather", {"city": "Paris"}, chunks=4, truncate=True)], [vrt.say("ok")]]
+    async with FakeProvider(steps, api=api, dialect=dialect) as provider:
+        result, log, _ = await play(provider)
+    assert result.status == "finished" and weather_runs == []
+    if dialect == "ollama":
+        assert result.calls == ()
+        return
+    (call,) = result.calls
+    assert call.result.code == vrt.ResultCode.FAILED, call.result
+    assert "stopped before completing" in (call.result.message or "")
+    vrt.testing.assert_stream_valid(log)
+
+
 @pytest.mark.parametrize("api", ["openai-chat", "openai-responses", "anthropic"])
 async def test_an_error_event_mid_stream_fails_the_turn_and_its_open_calls(api: str) -> None:
-    """The turn fails and no next step runs; a call still streaming its arguments fails,
-    one already complete finishes as usual (Chat ends calls only at the finish reason)."""
+    """The turn fails and no next step runs; a call not yet sure to be whole fails, one
+    already complete finishes as usual. Chat ends calls only at the finish reason, and
+    Anthropic holds the last tool block's end until the stop reason (a block cut off at
+    max_tokens is stopped like a whole one): in those two the call fails."""
     steps = [
         [
             vrt.say("Let me"),
@@ -179,7 +206,7 @@ async def test_an_error_event_mid_stream_fails_the_turn_and_its_open_calls(api: 
         result, log, _ = await play(provider)
     assert result.status == "failed" and result.message and "overloaded" in result.message
     (call,) = result.calls
-    expected = vrt.ResultCode.FAILED if api == "openai-chat" else None
+    expected = None if api == "openai-responses" else vrt.ResultCode.FAILED
     assert call.result.code == expected, call.result
     assert len(provider.requests) == 1  # no retry after the first event, no next step
     vrt.testing.assert_stream_valid(log)
@@ -225,6 +252,37 @@ async def test_cannot_connect_is_retried_then_a_model_error(
     assert result.status == "failed" and result.message and "cannot connect" in result.message
 
 
+async def test_a_connection_dropped_before_an_answer_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy or a load balancer closing the connection before the response: the same
+    tries as a connect error, then a ModelError saying so."""
+    from vrt.models import _adapters
+
+    monkeypatch.setattr(_adapters, "BACKOFF", 0.01)
+    dropped: list[int] = []
+
+    async def drop(stream: trio.SocketStream) -> None:
+        with trio.move_on_after(2):
+            await stream.receive_some(65536)  # the request's first bytes, then hang up
+        dropped.append(1)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(trio.serve_tcp, drop, 0, host="127.0.0.1")
+        (listener,) = await nursery.start(serve)
+        port = listener.socket.getsockname()[1]
+        model = vrt.models.OpenAIChat("m", base_url=f"http://127.0.0.1:{port}/v1", api_key="")
+        async with model:
+            agent = vrt.define_agent(model=model)
+            async with vrt.open_session(agent) as session:
+                result = await (await session.start_turn("hi")).wait()
+        nursery.cancel_scope.cancel()
+    assert result.status == "failed" and result.message
+    assert "closed the connection before answering" in result.message
+    assert len(dropped) == 3
+
+
 async def test_no_key_no_header_or_body_reaches_a_log_a_repr_or_an_event(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,6 +314,7 @@ async def test_a_local_server_gets_no_authorization(monkeypatch: pytest.MonkeyPa
             async with vrt.open_session(agent) as session:
                 await (await session.start_turn("hi")).wait()
     assert "authorization" not in provider.headers[0]
+    assert provider.headers[0]["accept-encoding"] == "identity"  # the stream is read raw
 
 
 async def test_anthropic_sends_its_key_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,3 +338,35 @@ def test_bad_adapter_options_are_refused() -> None:
         vrt.models.OpenAIResponses("m", timeout=0)
     with pytest.raises(ValueError, match="max_tokens"):
         vrt.models.AnthropicMessages("m", max_tokens=0)
+    with pytest.raises(ValueError, match="api_key"):
+        vrt.models.OpenAIChat("m", api_key="sk-1\nX-Injected: 1")
+
+
+async def test_a_keys_surrounding_whitespace_is_dropped() -> None:
+    """A key pasted with its newline (from a file or an env var) still works."""
+    async with FakeProvider([[vrt.say("hi")]]) as provider:
+        async with vrt.models.OpenAIChat(
+            "m", base_url=provider.base_url, api_key=f" {KEY}\n"
+        ) as model:
+            agent = vrt.define_agent(model=model)
+            async with vrt.open_session(agent) as session:
+                await (await session.start_turn("hi")).wait()
+    assert provider.headers[0]["authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("where", ["http", "stream"])
+async def test_a_key_is_redacted_before_a_long_message_is_cut(where: str) -> None:
+    """Cut first, redact after, and the cut would leave the key's first characters."""
+    from vrt.models._adapters import MESSAGE_LIMIT
+
+    prefix = len("the provider reported an error: ") if where == "stream" else 0
+    echo = "x" * (MESSAGE_LIMIT - 12 - prefix) + " " + KEY + " and more"
+    steps = (
+        [FakeProvider.http_error(400, message=echo)]
+        if where == "http"
+        else [[vrt.say("ok"), FakeProvider.stream_error(echo)]]
+    )
+    async with FakeProvider(steps) as provider:
+        result, _, _ = await play(provider)
+    assert result.status == "failed" and result.message
+    assert KEY[:6] not in result.message, result.message

@@ -211,9 +211,31 @@ def test_chat_an_error_object_mid_stream_is_a_model_error() -> None:
     assert info.value.status is None
 
 
-def test_chat_data_that_is_not_json_is_a_model_error() -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'error: {"code": 500, "message": "overloaded", "type": "server_error"}\n\n',  # llama.cpp
+        b"error: overloaded\n\n",
+        b'event: error\ndata: {"error": {"message": "overloaded"}}\n\n',
+        b'data: {"object": "error", "message": "overloaded", "code": 400}\n\n',  # vLLM, older
+    ],
+)
+def test_chat_an_error_event_is_a_model_error(body: bytes) -> None:
+    with pytest.raises(vrt.ModelError, match="reported an error: overloaded"):
+        play(CHAT, chat(tc(0, "c1", "a", "{"), done=False) + body)
+
+
+@pytest.mark.parametrize("data", [b"{nope", b'{"choices": NaN}', b"[Infinity]"])
+def test_chat_data_that_is_not_json_is_a_model_error(data: bytes) -> None:
     with pytest.raises(vrt.ModelError, match="not JSON"):
-        play(CHAT, b"data: {nope\n\n")
+        play(CHAT, b"data: " + data + b"\n\n")
+
+
+def test_chat_a_nameless_calls_arguments_are_bounded() -> None:
+    part = {"index": 0, "id": "c1", "function": {"arguments": "x" * 65536}}
+    body = chat(*[{"tool_calls": [part]}] * 17, done=False)
+    with pytest.raises(vrt.ModelError, match="before its name"):
+        play(CHAT, body)
 
 
 def test_a_providers_id_reused_in_the_session_is_made_unique() -> None:
@@ -301,9 +323,32 @@ ANTHROPIC_CASES = {
         ),
         [CallStart(call_id="toolu_1", name="a"), CallDelta(call_id="toolu_1", delta='{"x": ')],
     ),
-    "the stream ends with a block open: no CallEnd": (
-        anthropic(START, block(0, {"type": "tool_use", "id": "toolu_1", "name": "a", "input": {}})),
-        [CallStart(call_id="toolu_1", name="a")],
+    "max_tokens after the block stopped (the API's order): the held end is dropped": (
+        anthropic(
+            START,
+            block(0, {"type": "tool_use", "id": "toolu_1", "name": "a", "input": {}}),
+            delta(0, {"type": "input_json_delta", "partial_json": '{"x": '}),
+            stop(0),
+            ("message_delta", {"delta": {"stop_reason": "max_tokens"}}),
+            ("message_stop", {}),
+        ),
+        [CallStart(call_id="toolu_1", name="a"), CallDelta(call_id="toolu_1", delta='{"x": ')],
+    ),
+    "max_tokens in a later text block: the calls before it stand": (
+        anthropic(
+            START,
+            block(0, {"type": "tool_use", "id": "toolu_1", "name": "a", "input": {}}),
+            stop(0),
+            block(1, {"type": "text", "text": "and"}),
+            stop(1),
+            ("message_delta", {"delta": {"stop_reason": "max_tokens"}}),
+            ("message_stop", {}),
+        ),
+        [
+            CallStart(call_id="toolu_1", name="a"),
+            CallEnd(call_id="toolu_1", arguments={}),
+            Text(text="and"),
+        ],
     ),
 }
 
@@ -318,6 +363,21 @@ def test_anthropic_an_error_event_is_a_model_error() -> None:
     body = anthropic(START, ("error", {"error": {"type": "overloaded_error", "message": "busy"}}))
     with pytest.raises(vrt.ModelError, match="busy"):
         play(ANTHROPIC, body)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [START, block(0, {"type": "tool_use", "id": "toolu_1", "name": "a", "input": {}})],
+        [START, block(0, {"type": "tool_use", "id": "toolu_1", "name": "a", "input": {}}), stop(0)],
+        [],
+    ],
+)
+def test_anthropic_a_stream_that_ends_before_message_stop_is_a_model_error(
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    with pytest.raises(vrt.ModelError, match="ended before its last event"):
+        play(ANTHROPIC, anthropic(*events))
 
 
 def responses(*events: dict[str, Any]) -> bytes:
@@ -365,8 +425,22 @@ RESPONSES_CASES = {
         responses(
             {"type": "response.output_item.added", "output_index": 0, "item": CALL_ITEM},
             {"type": "response.output_item.done", "output_index": 0, "item": CALL_ITEM},
+            {"type": "response.completed", "response": {}},
         ),
         [CallStart(call_id="call_1", name="a"), CallEnd(call_id="call_1", arguments={})],
+    ),
+    "an item done incomplete (the API's order at max_output_tokens): cut off": (
+        responses(
+            {"type": "response.output_item.added", "output_index": 0, "item": CALL_ITEM},
+            {"type": "response.function_call_arguments.delta", "item_id": "fc_1", "delta": '{"x"'},
+            {
+                "type": "response.output_item.done",
+                "output_index": 0,
+                "item": {**CALL_ITEM, "arguments": '{"x"', "status": "incomplete"},
+            },
+            {"type": "response.incomplete", "response": {"status": "incomplete"}},
+        ),
+        [CallStart(call_id="call_1", name="a"), CallDelta(call_id="call_1", delta='{"x"')],
     ),
     "incomplete: the open call is cut off": (
         responses(
@@ -396,3 +470,9 @@ def test_openai_responses(case: str) -> None:
 def test_responses_errors_are_model_errors(event: dict[str, Any]) -> None:
     with pytest.raises(vrt.ModelError, match="boom"):
         play(RESPONSES, responses(event))
+
+
+def test_responses_a_stream_that_ends_before_the_response_is_a_model_error() -> None:
+    body = responses({"type": "response.output_item.added", "output_index": 0, "item": CALL_ITEM})
+    with pytest.raises(vrt.ModelError, match="ended before its last event"):
+        play(RESPONSES, body)

@@ -80,6 +80,8 @@ def test_no_tools_key_when_the_agent_offers_none() -> None:
 # -- the validity rule, on generated histories --------------------------------------------------
 
 CODES = [None, *vrt.ResultCode]
+TEXTS = st.text(max_size=8) | st.sampled_from(["", " ", "\n", " \t "])  # the API refuses blank
+
 arguments = st.one_of(
     st.fixed_dictionaries({"x": st.integers()}),
     st.just({}),
@@ -98,11 +100,11 @@ def histories(draw: st.DrawFn) -> tuple[Any, ...]:
     number = 0
     for turn in range(draw(st.integers(1, 4))):
         turn_id = f"t_{turn + 1}"
-        items.append(UserInput(turn_id=turn_id, text=draw(st.text(max_size=8))))
+        items.append(UserInput(turn_id=turn_id, text=draw(TEXTS)))
         interrupted = draw(st.booleans())
         for _ in range(draw(st.integers(0, 3))):
             if draw(st.booleans()):
-                items.append(AgentText(turn_id=turn_id, text=draw(st.text(max_size=6))))
+                items.append(AgentText(turn_id=turn_id, text=draw(TEXTS)))
             for _ in range(draw(st.integers(0, 3))):
                 number += 1
                 code = draw(st.sampled_from(CODES))
@@ -192,7 +194,7 @@ def _anthropic_valid(body: dict[str, Any]) -> None:
         assert message["content"], message
         for part in message["content"]:
             if part["type"] == "text":
-                assert part["text"], "an empty text block"
+                assert part["text"].strip(), "an empty or whitespace-only text block"
         uses = [b for b in message["content"] if b["type"] == "tool_use"]
         if uses:
             answer = messages[i + 1]["content"]

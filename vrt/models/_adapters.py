@@ -39,13 +39,25 @@ from vrt.models._sse import SSEDecoder, SSEEvent
 log = logging.getLogger("vrt.models")
 
 RETRIES = 2
-"""Tries after the first, before a step's first event, on 429, 5xx and connect errors."""
+"""Tries after the first, before a step's first event: on 408, 409, 429 and 5xx answers,
+and when the connection fails or drops before an answer."""
 BACKOFF = 0.5
 """The first retry's delay, doubling; a ``retry-after`` is honoured up to RETRY_AFTER_MAX."""
 RETRY_AFTER_MAX = 10.0
+MESSAGE_LIMIT = 240
+"""Characters of a provider's error message kept (after the key is redacted)."""
 ERROR_BODY_LIMIT = 64 * 1024
 """Bytes of an error response read for its message (the rest is not)."""
-_RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504, 520, 522, 524, 529})
+_RETRYABLE = frozenset({408, 409, 429})  # and every 5xx
+_DROPPED = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.RemoteProtocolError,
+    httpx2.ReadError,
+    httpx2.WriteError,
+)
+"""The connection failed or dropped before an answer (a proxy or a load balancer closing
+an idle kept-alive connection): tried again, like the provider SDKs do."""
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 
@@ -112,7 +124,11 @@ class _Adapter:
         self.base_url = base_url.rstrip("/")
         self.timeout = float(timeout)
         self.extra_body = dict(extra_body or {})
-        self._api_key = api_key if api_key is not None else os.environ.get(self._key_variable)
+        key = api_key if api_key is not None else os.environ.get(self._key_variable)
+        key = key.strip() if isinstance(key, str) else key
+        if key is not None and (not isinstance(key, str) or not key.isprintable()):
+            raise ValueError("api_key must be a string of printable characters")
+        self._api_key = key or None
         self._client = client
         self._own: httpx2.AsyncClient | None = None
         self._own_run: object = None
@@ -145,7 +161,7 @@ class _Adapter:
                 async for event in events:
                     yield event
         except ModelError as exc:  # a provider may echo what it was sent: never the key
-            message = self._redact(exc.message)
+            message = _short(self._redact(exc.message))  # redacted before it is cut
             if message == exc.message:
                 raise
             raise ModelError(message, status=exc.status) from None
@@ -214,7 +230,11 @@ class _Adapter:
         client = self._http()
         url = self.base_url + self._path
         content = json.dumps(body).encode()
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            "accept-encoding": "identity",  # the stream is read raw, byte by byte
+        }
         headers.update(self._headers())
         delay = BACKOFF
         for attempt in range(RETRIES + 1):
@@ -222,10 +242,14 @@ class _Adapter:
             try:
                 request = client.build_request("POST", url, content=content, headers=headers)
                 response = await client.send(request, stream=True)
-            except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-                if last:
+            except _DROPPED as exc:
+                if last and isinstance(exc, httpx2.ConnectError | httpx2.ConnectTimeout):
                     raise ModelError(f"cannot connect to the provider ({_kind(exc)})") from None
-                log.info("model %s: connect failed (%s); trying again", self.model, _kind(exc))
+                if last:
+                    raise ModelError(
+                        f"the provider closed the connection before answering ({_kind(exc)})"
+                    ) from None
+                log.info("model %s: no answer (%s); trying again", self.model, _kind(exc))
                 await trio.sleep(delay)
                 delay *= 2
                 continue
@@ -240,13 +264,14 @@ class _Adapter:
                 text = await _read_bounded(response)
             finally:
                 await _close(response)
-            if status in _RETRYABLE and not last:
+            if (status in _RETRYABLE or status >= 500) and not last:
                 wait = _retry_after(response, delay)
                 log.info("model %s: HTTP %d; trying again in %.2g s", self.model, status, wait)
                 await trio.sleep(wait)
                 delay *= 2
                 continue
-            raise ModelError(self._redact(_error_text(status, text)), status=status)
+            message = _error_text(status, self._redact(text.decode("utf-8", "replace")))
+            raise ModelError(message, status=status)
         try:
             yield response
         finally:
@@ -305,6 +330,8 @@ class OpenAIChat(_OpenAI):
                 return [] if mapper.finished else mapper.done()
             if event.data.strip() == "[DONE]":
                 return mapper.done()
+            if event.event == "error":  # llama.cpp's error: line, or an event so named
+                return mapper.chunk(_error_event(event.data))
             return mapper.chunk(_json(event.data))
 
         return feed
@@ -325,7 +352,7 @@ class OpenAIResponses(_OpenAI):
 
         def feed(event: SSEEvent | None) -> list[ModelEvent]:
             if event is None or event.data.strip() == "[DONE]":
-                return []
+                return mapper.end()
             return mapper.event(_json(event.data))
 
         return feed
@@ -375,7 +402,7 @@ class AnthropicMessages(_Adapter):
 
         def feed(event: SSEEvent | None) -> list[ModelEvent]:
             if event is None:
-                return []
+                return mapper.end()
             return mapper.event(event.event, _json(event.data))
 
         return feed
@@ -386,9 +413,24 @@ class AnthropicMessages(_Adapter):
 
 def _json(data: str) -> Any:
     try:
-        return json.loads(data)
+        return json.loads(data, parse_constant=_not_json)
     except ValueError:
         raise ModelError("the provider's stream sent data that is not JSON") from None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's json takes them
+
+
+def _error_event(data: str) -> dict[str, Any]:
+    """An ``error`` event's data as a chunk carrying the error, JSON or not."""
+    try:
+        error = json.loads(data)
+    except ValueError:
+        error = data.strip() or "error"
+    if isinstance(error, dict) and "error" in error:
+        return error
+    return {"error": error or "error"}
 
 
 def _kind(exc: Exception) -> str:
@@ -430,10 +472,9 @@ def _retry_after(response: httpx2.Response, default: float) -> float:
     return min(RETRY_AFTER_MAX, seconds) if math.isfinite(seconds) and seconds >= 0 else default
 
 
-def _error_text(status: int, body: bytes) -> str:
-    """A provider's error answer, short: its JSON ``error.message`` if it has one, else a
-    line of plain text; never an HTML page or a body dump."""
-    text = body.decode("utf-8", "replace")
+def _error_text(status: int, text: str) -> str:
+    """A provider's error answer (redacted), short: its JSON ``error.message`` if it has
+    one, else a line of plain text; never an HTML page or a body dump."""
     message = ""
     try:
         data = json.loads(text)
@@ -447,5 +488,10 @@ def _error_text(status: int, body: bytes) -> str:
             message = error
     elif text and not text.lstrip().startswith("<"):
         message = text.strip().splitlines()[0] if text.strip() else ""
-    message = " ".join(message.split())[:200]
-    return message or f"the provider answered HTTP {status}"
+    return _short(message) or f"the provider answered HTTP {status}"
+
+
+def _short(text: str) -> str:
+    """One line of at most MESSAGE_LIMIT characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 1] + "…"

@@ -5,8 +5,11 @@ The stream is typed events: ``message_start``, then per content block
 ``content_block_delta`` (``text_delta`` or ``input_json_delta``), ``content_block_stop``;
 then ``message_delta`` (the ``stop_reason``) and ``message_stop``. ``ping`` is ignored; an
 ``error`` event raises :class:`~vrt.ModelError`. A tool block ends at its
-``content_block_stop``; a ``max_tokens`` stop with a tool block still open means the call
-was cut off: no ``CallEnd``, it fails.
+``content_block_stop``, but the API stops a block cut off at ``max_tokens`` like a whole
+one (``content_block_stop``, then ``message_delta`` saying ``max_tokens``): so the last
+tool block's ``CallEnd`` is held until the next block starts or the ``message_delta``
+comes, and dropped if that says ``max_tokens``: the call was cut off, it fails. A stream
+that ends before ``message_stop`` raises :class:`~vrt.ModelError`.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ def render_anthropic(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
     Roles alternate: each assistant step's ``tool_use`` blocks are answered by
     ``tool_result`` blocks at the start of the next user message, which also carries the
     next input (consecutive user content is merged into one message). The API refuses
-    empty text blocks: an assistant step's empty text is left out, an empty user input is
-    sent as :data:`EMPTY_INPUT`.
+    empty and whitespace-only text blocks: such an assistant text is left out, such a user
+    input is sent as :data:`EMPTY_INPUT`.
     """
     messages: list[dict[str, Any]] = []
 
@@ -48,10 +51,12 @@ def render_anthropic(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
 
     for entry in conversation(request.history):
         if isinstance(entry, User):
-            user([{"type": "text", "text": entry.content or EMPTY_INPUT}])
+            user(
+                [{"type": "text", "text": entry.content if entry.content.strip() else EMPTY_INPUT}]
+            )
             continue
         blocks: list[dict[str, Any]] = []
-        if entry.text:
+        if entry.text.strip():
             blocks.append({"type": "text", "text": entry.text})
         for call in entry.calls:
             blocks.append(
@@ -107,7 +112,7 @@ class AnthropicMapper:
         self._make_id = make_id
         # index -> (vrt id, any input_json_delta yet, the input the block started with)
         self._blocks: dict[Any, tuple[str, bool, dict[str, Any]]] = {}
-        self._cut = False
+        self._held: CallEnd | None = None  # the last tool block's end, until it is sure
         self.finished = False
 
     def event(self, name: str, data: Any) -> list[ModelEvent]:
@@ -118,8 +123,9 @@ class AnthropicMapper:
         if kind == "error":
             error = data.get("error") or {}
             message = error.get("message") if isinstance(error, dict) else None
-            raise ModelError(f"the provider reported an error: {str(message or error)[:200]}")
+            raise ModelError(f"the provider reported an error: {message or error}")
         if kind == "content_block_start":
+            events = self._release()  # a block after it: the held call was whole
             block = data.get("content_block") or {}
             index = data.get("index")
             if isinstance(block, dict) and block.get("type") == "tool_use":
@@ -127,10 +133,10 @@ class AnthropicMapper:
                 call_id = self._make_id(provider_id or None)
                 given = block.get("input")
                 self._blocks[index] = (call_id, False, given if isinstance(given, dict) else {})
-                return [CallStart(call_id=call_id, name=str(block.get("name")))]
-            if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
-                return [Text(text=block["text"])]
-            return []
+                events.append(CallStart(call_id=call_id, name=str(block.get("name"))))
+            elif isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
+                events.append(Text(text=block["text"]))
+            return events
         if kind == "content_block_delta":
             delta = data.get("delta") or {}
             if not isinstance(delta, dict):
@@ -149,15 +155,28 @@ class AnthropicMapper:
             if found is None:
                 return []
             call_id, streamed, given = found
-            return [
+            events = self._release()
+            self._held = (
                 CallEnd(call_id=call_id) if streamed else CallEnd(call_id=call_id, arguments=given)
-            ]
+            )
+            return events
         if kind == "message_delta":
             delta = data.get("delta") or {}
             if isinstance(delta, dict) and delta.get("stop_reason") == "max_tokens":
-                self._cut = True
+                self._held = None  # cut off, though its block was stopped: it fails
                 self._blocks.clear()  # still open: cut off, they fail
-            return []
+            return self._release()
         if kind == "message_stop":
             self.finished = True
+            return self._release()
         return []  # message_start, ping, and what a newer API adds
+
+    def end(self) -> list[ModelEvent]:
+        """The end of the stream: it must have said ``message_stop``."""
+        if not self.finished:
+            raise ModelError("the provider's stream ended before its last event")
+        return []
+
+    def _release(self) -> list[ModelEvent]:
+        held, self._held = self._held, None
+        return [held] if held is not None else []

@@ -32,6 +32,9 @@ from vrt.models._render import (
     tools_of,
 )
 
+MAX_NAMELESS = 1 << 20
+"""Characters of a call's arguments kept while its name has not come."""
+
 MakeId = Callable[[str | None], str]
 """A provider's call id (or None) to the call's vrt id: unique in the session."""
 
@@ -86,6 +89,7 @@ def chat_body(request: ModelRequest, model: str) -> dict[str, Any]:
 class _Call:
     __slots__ = (
         "buffer",
+        "buffered",
         "ended",
         "has_arguments",
         "name",
@@ -104,6 +108,7 @@ class _Call:
         self.has_arguments = False
         self.whole: Any = None  # arguments sent as one object
         self.buffer: list[str] = []  # fragments before the name was known
+        self.buffered = 0  # their characters
 
 
 class ChatMapper:
@@ -123,6 +128,8 @@ class ChatMapper:
         error = data.get("error")
         if error:
             raise ModelError(_error_message(error))
+        if data.get("object") == "error":  # vLLM's older form: the error is the chunk
+            raise ModelError(_error_message(data))
         events: list[ModelEvent] = []
         choices = data.get("choices") or []
         for choice in choices[:1]:  # n=1: one choice
@@ -186,6 +193,12 @@ class ChatMapper:
                 if call.started:
                     events.append(CallDelta(call_id=call.vrt_id, delta=arguments))
                 else:
+                    call.buffered += len(arguments)
+                    if call.buffered > MAX_NAMELESS:
+                        raise ModelError(
+                            f"the stream sent over {MAX_NAMELESS} characters of a call's "
+                            "arguments before its name"
+                        )
                     call.buffer.append(arguments)
         elif isinstance(arguments, dict):
             call.whole = arguments  # the whole arguments, as an object
@@ -212,4 +225,4 @@ def _error_message(error: Any) -> str:
         message = error.get("message") or error.get("type") or "error"
     else:
         message = str(error)
-    return f"the provider reported an error: {str(message)[:200]}"
+    return f"the provider reported an error: {message}"

@@ -4,9 +4,11 @@ Stateless: ``store: false`` and the whole input every step, so nothing depends o
 the provider kept. A call is a ``function_call`` output item: it starts at
 ``response.output_item.added`` (its ``call_id`` becomes the vrt call id), its argument
 fragments come as ``response.function_call_arguments.delta`` keyed by the item's id, and
-``response.output_item.done`` is its authoritative end, with the whole arguments. A
-response that ends ``incomplete`` (e.g. at ``max_output_tokens``) leaves its open calls
-cut off: they fail. ``error`` and ``response.failed`` raise :class:`~vrt.ModelError`.
+``response.output_item.done`` is its authoritative end, with the whole arguments. A call
+whose item is done with a status other than ``completed`` (``incomplete``: cut off at
+``max_output_tokens``), or still open when the response ends, fails. ``error`` and
+``response.failed`` raise :class:`~vrt.ModelError`, and so does a stream that ends before
+the response does.
 """
 
 from __future__ import annotations
@@ -21,28 +23,19 @@ from vrt.models._render import User, arguments_text, conversation, result_text, 
 
 def render_openai_responses(request: ModelRequest) -> list[dict[str, Any]]:
     """The Responses ``input`` items for ``request`` (the instructions go in the body's
-    ``instructions``): user messages, the assistant's text as output messages, each call
+    ``instructions``): user and assistant messages with text content, each call
     as a ``function_call`` item (by ``call_id``) and its ``function_call_output`` right
     after the step's calls."""
     items: list[dict[str, Any]] = []
     for entry in conversation(request.history):
         if isinstance(entry, User):
-            items.append(
-                {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": entry.content}],
-                }
-            )
+            items.append({"type": "message", "role": "user", "content": entry.content})
             continue
         if entry.text:
-            items.append(
-                {
-                    "type": "message",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": entry.text}],
-                }
-            )
+            # The input-message form with text content: an output message item (typed
+            # ``output_text`` parts) would need the id and status the provider gave it,
+            # and a stateless request has neither.
+            items.append({"type": "message", "role": "assistant", "content": entry.text})
         for call in entry.calls:
             items.append(
                 {
@@ -119,8 +112,8 @@ class ResponsesMapper:
             done = self._items.pop(
                 str(item.get("id") or item.get("call_id") or data.get("output_index")), None
             )
-            if done is None:
-                return []
+            if done is None or item.get("status", "completed") != "completed":
+                return []  # cut off (``incomplete``): no CallEnd, it fails
             arguments = item.get("arguments")
             if isinstance(arguments, str) and arguments:
                 return [CallEnd(call_id=done, arguments=arguments)]  # the authoritative text
@@ -130,8 +123,14 @@ class ResponsesMapper:
             self._items.clear()  # not done by now: cut off, they fail
             return []
         if kind in ("error", "response.failed"):
-            raise ModelError(f"the provider reported an error: {_message(data)[:200]}")
+            raise ModelError(f"the provider reported an error: {_message(data)}")
         return []  # response.created, in_progress, content parts, reasoning, ...
+
+    def end(self) -> list[ModelEvent]:
+        """The end of the stream: the response must have ended."""
+        if not self.finished:
+            raise ModelError("the provider's stream ended before its last event")
+        return []
 
 
 def _message(data: dict[str, Any]) -> str:

@@ -327,6 +327,10 @@ class FakeProvider:
                 text = _text(item)
                 parts = _parts(text, item)
                 if dialect == "ollama":
+                    if item.truncate:  # Ollama parses calls out of the text: a cut one is none
+                        yield chunk({}, "length")
+                        yield b"data: [DONE]\n\n"
+                        return
                     arguments: Any = item.arguments if isinstance(item.arguments, dict) else text
                     whole = {"index": 0, "id": f"call_{number}", "type": "function"}
                     whole["function"] = {"name": item.name, "arguments": arguments}
@@ -393,11 +397,11 @@ class FakeProvider:
                 for part in _parts(_text(item), item):
                     delta = {"type": "input_json_delta", "partial_json": part}
                     yield event("content_block_delta", {"index": index, "delta": delta})
+                yield event("content_block_stop", {"index": index})  # cut off or whole
                 if item.truncate:
                     yield event("message_delta", {"delta": {"stop_reason": "max_tokens"}})
                     yield event("message_stop", {})
                     return
-                yield event("content_block_stop", {"index": index})
                 index += 1
         stop = "tool_use" if used_tools else "end_turn"
         yield event(
@@ -444,6 +448,9 @@ class FakeProvider:
                     where = {"item_id": f"fc_{number}", "output_index": index}
                     yield event("response.function_call_arguments.delta", {**where, "delta": part})
                 if item.truncate:
+                    partial = {**call, "arguments": "".join(_parts(text, item))}
+                    cut = {"output_index": index, "item": {**partial, "status": "incomplete"}}
+                    yield event("response.output_item.done", cut)
                     details = {"reason": "max_output_tokens"}
                     response = {"status": "incomplete", "incomplete_details": details}
                     yield event("response.incomplete", {"response": response})
