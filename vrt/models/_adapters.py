@@ -411,15 +411,20 @@ class AnthropicMessages(_Adapter):
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _json(data: str) -> Any:
-    try:
-        return json.loads(data, parse_constant=_not_json)
-    except ValueError:
-        raise ModelError("the provider's stream sent data that is not JSON") from None
-
-
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's json takes them
+
+
+_DECODER = json.JSONDecoder(
+    parse_constant=_not_json
+)  # made once: json.loads(**kw) makes one a call
+
+
+def _json(data: str) -> Any:
+    try:
+        return _DECODER.decode(data)
+    except ValueError:
+        raise ModelError("the provider's stream sent data that is not JSON") from None
 
 
 def _error_event(data: str) -> dict[str, Any]:
