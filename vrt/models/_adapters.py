@@ -315,7 +315,9 @@ class OpenAIChat(_OpenAI):
     ``/v1``, llama.cpp's server, LM Studio (see :mod:`vrt.models._chat` for the quirks it
     takes). ``api_key`` None: ``$OPENAI_API_KEY`` if set, else no Authorization header (a
     local server). ``extra_body`` merges into the top of every request body; ``timeout``
-    is the seconds allowed to connect and between two reads of the stream."""
+    is the seconds allowed to connect and between two reads of the stream. ``client``: an
+    ``httpx2.AsyncClient`` of yours (proxies, TLS, limits), used with its own timeouts and
+    yours to close; ``timeout`` applies to the adapter's own client only."""
 
     _path = "/chat/completions"
 
