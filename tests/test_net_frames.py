@@ -10,7 +10,8 @@ import pytest
 import vrt
 from vrt._core.bounded import RecentSet
 from vrt._core.events import TextSoFar, preview_length
-from vrt._net.frames import Previews, message_of, messages_of
+from vrt._core.previews import Previews
+from vrt._net.frames import message_of, messages_of
 from vrt._wire import codec
 from vrt._wire import messages as m
 

@@ -21,6 +21,7 @@ import vrt
 from tests.conftest import Log, until
 from tests.test_wire_errors import FRAME_TIMEOUT, Frame, Peer, app_agent, chat_agent, serving
 from vrt._net import link as _link
+from vrt._wire import messages as m
 from vrt.testing import CuttingConnection, open_pair
 
 OBJ = {"type": "object"}
@@ -191,7 +192,10 @@ async def test_the_client_sees_expiry(autojump_clock: trio.testing.MockClock) ->
         return ws
 
     agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]]))
-    async with open_pair(agent, transport=transport, resume_window=1.0) as client:
+    # legacy frames: the cut counts them, and batched the turn's first two share one
+    async with open_pair(
+        agent, transport=transport, resume_window=1.0, capabilities=m.LEGACY
+    ) as client:
         async with client.subscribe() as channel:
             events = Log(channel)
             down_until[0] = trio.current_time() + 5.0

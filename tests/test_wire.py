@@ -14,6 +14,7 @@ from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 import vrt
 from tests.conftest import Log, drain, until
 from vrt import models
+from vrt._wire import messages as m
 from vrt.testing import assert_stream_valid
 
 P = vrt.Phase
@@ -287,10 +288,14 @@ async def test_without_tool_stream_v1_only_previews(
     assert [(p.arguments, p.complete) for p in previews] == [("", False), ('{"i": 1}', True)]
 
 
-async def test_with_tool_stream_v1_streams_and_previews(vrt_serve: Serve) -> None:
+@pytest.mark.parametrize("offer", [m.LEGACY, m.CAPABILITIES])
+async def test_with_tool_stream_v1_streams_and_previews(
+    vrt_serve: Serve, offer: tuple[str, ...]
+) -> None:
+    """Previews from the wire (legacy) or made by the client (local-preview-v1): the same."""
     server = await vrt_serve(agent([vrt.call("lookup", {"i": 1}, chunks=2)], tools=[lookup]))
-    async with vrt.connect(server.url) as client:
-        assert client.capabilities == ("tool-stream-v1",)
+    async with vrt.connect(server.url, capabilities=offer) as client:
+        assert client.capabilities == offer
         events = await run_turn(client)
     streams = [e for e in events if isinstance(e, vrt.ToolStream)]
     assert [e.phase for e in streams] == [

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 import vrt
+from vrt._core.events import ToolPreview
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.client import ANSWERS_KEPT, AbortApp, ClientProtocol, Welcomed
@@ -182,6 +183,11 @@ def pump(a: Any, b: Any) -> list[Any]:
     return out
 
 
+def pump_calls(a: Any, b: Any) -> list[Any]:
+    """``pump``, without the previews the client makes itself (``local-preview-v1``)."""
+    return [e for e in pump(a, b) if not isinstance(e, ToolPreview)]
+
+
 def pair(**server: Any) -> tuple[ClientProtocol, ServerProtocol]:
     client = ClientProtocol([m.ToolDecl(name="hi", description="", parameters={"type": "object"})])
     server.setdefault("server_tools", ["weather"])
@@ -194,7 +200,7 @@ def test_core_pair_handshake_seq_and_acks() -> None:
     (hello,) = pump(client, server)
     assert isinstance(hello, m.Hello) and server.state == "open"
     (welcomed,) = pump(server, client)
-    assert welcomed == Welcomed(session_id="s_1", capabilities=("tool-stream-v1",))
+    assert welcomed == Welcomed(session_id="s_1", capabilities=m.CAPABILITIES)
     assert client.connection.state == "open"
     for i in range(120):
         client.send_input(f"hi {i}")
@@ -306,7 +312,7 @@ def test_core_local_cancel_drops_the_servers_late_terminal() -> None:
     base = {"call_id": "c1", "turn_id": "t", "epoch": 0, "name": "weather", "kind": "server"}
     server.send(m.ToolStreamMessage, phase="start", **base)
     server.send(m.ToolStreamMessage, phase="arguments-complete", arguments={}, **base)
-    events = pump(server, client)
+    events = pump_calls(server, client)
     assert [e.phase for e in events] == ["start", "arguments-complete"]
     (cancelled,) = client.interrupt()
     assert cancelled.phase == "cancelled" and cancelled.call_id == "c1"
@@ -341,7 +347,7 @@ def test_core_terminal_phase_drops_a_queued_app_call(phase: str, code: str | Non
     client, server = _queued_pair()
     base = {"call_id": "c2", "turn_id": "t", "epoch": 0, "name": "edit", "kind": "app"}
     server.send(m.ToolStreamMessage, phase=phase, code=code, ok=code and False, **base)
-    (shown,) = pump(server, client)
+    (shown,) = pump_calls(server, client)
     assert shown.phase == phase
     assert client.answer("c1", vrt.ToolResult.success("ok"))
     assert client.next_app_call() is None  # c2 never runs
@@ -359,7 +365,7 @@ def test_core_terminal_phase_stops_the_running_app_call(
     client, server = _queued_pair()
     base = {"call_id": "c1", "turn_id": "t", "epoch": 0, "name": "edit", "kind": "app"}
     server.send(m.ToolStreamMessage, phase=phase, code=code, ok=code and False, **base)
-    shown, abort = pump(server, client)
+    shown, abort = pump_calls(server, client)
     assert shown.phase == phase
     assert abort == AbortApp(call_id="c1", reason=reason)  # the tool learns why it stops
     assert not client.answer("c1", vrt.ToolResult.success("late"))  # never sent

@@ -367,9 +367,11 @@ class Call:
                 **fields,
             )
         )
+        if not session.previews_watched:
+            return
         fragments = self.fragments
         text = self.text
-        session.emit(
+        session.emit_preview(
             ToolPreview(
                 call_id=self.call_id,
                 turn_id=turn.turn_id,

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from vrt._core.bounded import RecentSet
-from vrt._core.events import Closed, ConfirmRequest, Event, TurnStarted
+from vrt._core.events import Closed, ConfirmRequest, Event, ToolPreview, TurnStarted
 from vrt._core.results import CallRecord
 from vrt._core.tables import SESSION
 from vrt._engine.agent import Agent, RegisteredApp
@@ -91,8 +91,13 @@ class Session:
         self._history_size = 0
         self.subscribers: list[trio.MemorySendChannel[Event]] = []
         self.listeners: list[Callable[[Event], None]] = []
+        # Those of them that take the legacy ToolPreview events (by default, all).
+        self._preview_subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._preview_listeners: list[Callable[[Event], None]] = []
         self.watched = False
         """Whether anyone receives events (the engine builds none otherwise)."""
+        self.previews_watched = False
+        """Whether anyone takes :class:`~vrt.ToolPreview` events (none built otherwise)."""
         self._nursery: trio.Nursery | None = None  # the turns' nursery, see host()
         self._machine = SESSION.new()
         self._machine.send("accept")
@@ -112,7 +117,7 @@ class Session:
         return self._turn
 
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[Subscription[Event]]:
+    async def subscribe(self, *, previews: bool = True) -> AsyncIterator[Subscription[Event]]:
         """Receive every event from now on, in order, until the session closes.
 
         The channel is unbounded so that emitting never blocks the engine; a subscriber
@@ -120,53 +125,80 @@ class Session:
         is :class:`~vrt.Closed`, after which the iteration ends. Receiving is a cancel
         point; it yields to the scheduler at least every 64 events (see
         :class:`~vrt.Subscription`). Raises :class:`~vrt.SessionClosed` on a closed session.
+
+        ``previews=False``: without the legacy :class:`~vrt.ToolPreview` events (an app
+        that follows :class:`~vrt.ToolStream` needs none; when nobody takes them, the
+        engine builds none).
         """
         if self._machine.final:
             raise SessionClosed("the session is closed")
         send, receive = trio.open_memory_channel[Event](math.inf)
         self.subscribers.append(send)
-        self.watched = True
+        if previews:
+            self._preview_subscribers.append(send)
+        self._rewatch()
         try:
             async with receive:
                 yield Subscription(receive)
         finally:
-            if send in self.subscribers:
-                self.subscribers.remove(send)
-            self.watched = bool(self.subscribers or self.listeners)
+            self._drop_subscriber(send)
             send.close()
 
-    def listen(self, listener: Callable[[Event], None]) -> Callable[[], None]:
+    def listen(
+        self, listener: Callable[[Event], None], *, previews: bool = True
+    ) -> Callable[[], None]:
         """Call ``listener(event)`` synchronously for every event, in engine order; returns
-        a function that stops it.
+        a function that stops it. ``previews=False``: without :class:`~vrt.ToolPreview`.
 
         For transports (``vrt.serve`` turns events into frames this way, so a call's
         ``tool.stream`` frames always precede its ``tool.call``). A listener must not block
         or raise.
         """
         self.listeners.append(listener)
-        self.watched = True
+        if previews:
+            self._preview_listeners.append(listener)
+        self._rewatch()
 
         def stop() -> None:
-            if listener in self.listeners:
-                self.listeners.remove(listener)
-            self.watched = bool(self.subscribers or self.listeners)
+            for listeners in (self.listeners, self._preview_listeners):
+                if listener in listeners:
+                    listeners.remove(listener)
+            self._rewatch()
 
         return stop
+
+    def _rewatch(self) -> None:
+        self.watched = bool(self.subscribers or self.listeners)
+        self.previews_watched = bool(self._preview_subscribers or self._preview_listeners)
+
+    def _drop_subscriber(self, channel: trio.MemorySendChannel[Event]) -> None:
+        for channels in (self.subscribers, self._preview_subscribers):
+            if channel in channels:
+                channels.remove(channel)
+        self._rewatch()
 
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to every listener and subscriber, synchronously."""
         for listener in self.listeners:
             listener(event)
+        self._deliver(self.subscribers, event)
+
+    def emit_preview(self, event: ToolPreview) -> None:
+        """Deliver a legacy preview to those that take them (:attr:`previews_watched`)."""
+        for listener in self._preview_listeners:
+            listener(event)
+        self._deliver(self._preview_subscribers, event)
+
+    def _deliver(self, channels: list[trio.MemorySendChannel[Event]], event: Event) -> None:
         gone = None
-        for channel in self.subscribers:
+        for channel in channels:
             try:
                 channel.send_nowait(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 gone = [*(gone or ()), channel]  # the subscriber closed its end
         if gone:
             for channel in gone:
-                self.subscribers.remove(channel)
-            self.watched = bool(self.subscribers or self.listeners)
+                self._drop_subscriber(channel)
 
     async def start_turn(self, text: str) -> Turn:
         """Start a turn for the user's ``text`` and return it (await ``turn.wait()``).
@@ -222,7 +254,9 @@ class Session:
             channel.close()
         self.subscribers.clear()
         self.listeners.clear()
-        self.watched = False
+        self._preview_subscribers.clear()
+        self._preview_listeners.clear()
+        self._rewatch()
 
     async def host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the nursery the session's turns run in, until :meth:`close` cancels it.

@@ -20,11 +20,12 @@ import trio
 
 from vrt._core.bounded import RecentSet
 from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream
+from vrt._core.previews import Previews
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.call import Call
 from vrt._engine.session import Session
 from vrt._errors import SessionClosed
-from vrt._net.frames import Previews, messages_of
+from vrt._net.frames import messages_of
 from vrt._net.link import Link, RateLimit, send_and_close
 from vrt._net.pumps import cancelled
 from vrt._wire import messages as m
@@ -77,6 +78,8 @@ class SessionActor:
         self.issued: RecentSet[str] = RecentSet(1000)
         self.answered: RecentSet[str] = RecentSet(1000)
         self._previews = Previews()
+        self._wire_previews = True
+        """Whether ``tool.preview`` frames go out (not with ``local-preview-v1``)."""
         self._piece = self.options.max_message_size // 16
         """Characters of model text or argument fragment per frame, at most (a character
         may take 12 bytes escaped: an emoji is written as two \\u escapes)."""
@@ -182,7 +185,10 @@ class SessionActor:
         session.max_argument_bytes = self.options.max_message_size // 8
         session.max_progress_bytes = self.options.max_message_size // 2
         session.max_history_bytes = self.options.max_history_bytes
-        session.listen(self._on_event)  # frames in the engine's own order
+        # Frames in the engine's own order; the legacy previews only for a client that
+        # does not make them itself (local-preview-v1).
+        self._wire_previews = not m.local_previews(self.proto.capabilities)
+        session.listen(self._on_event, previews=self._wire_previews)
         self.session = session
         return session
 
@@ -275,6 +281,8 @@ class SessionActor:
         acked = proto.acked_by_peer
         for message in proto.receive(frame):
             self._act(session, message)
+        if proto.frame_messages > 1:  # a batch: each message counts against the rate
+            self.rate.charge(proto.frame_messages - 1)
         self.flush()
         if proto.ack_due:
             self.hub.acks.due(self._send_ack)
@@ -328,7 +336,8 @@ class SessionActor:
         if not proto.in_session:
             return
         if isinstance(event, ToolStream):
-            self._previews.stream(event)
+            if self._wire_previews:
+                self._previews.stream(event)
         elif isinstance(event, ToolPreview) and not self._previews.wanted(event):
             return
         tool_stream = m.TOOL_STREAM_V1 in proto.capabilities

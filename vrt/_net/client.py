@@ -418,7 +418,11 @@ class Client:
         return self.closed is None
 
     async def _writer(self, ws: Any) -> None:
-        await send_frames(self._frames, ws)
+        # Batches only once a welcome said so, and never the first frame: the hello (a
+        # resume's too) is read before the server knows this connection's capabilities.
+        proto = self.proto
+        batch = (proto.max_frame or 0) if proto.batching else 0
+        await send_frames(self._frames, ws, batch=batch, first_alone=True)
 
     async def _reader(self, ws: Any) -> None:
         frame: Any

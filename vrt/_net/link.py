@@ -41,7 +41,7 @@ class Link:
     once on :meth:`abort`, its socket is reset, whatever the peer does.
     """
 
-    __slots__ = ("aborted", "actor", "backlog", "frames", "out", "scope", "stream", "ws")
+    __slots__ = ("aborted", "actor", "backlog", "batch", "frames", "out", "scope", "stream", "ws")
 
     def __init__(self, ws: Any, actor: SessionActor, stream: GuardedStream | None = None) -> None:
         self.ws = ws
@@ -52,6 +52,9 @@ class Link:
         """Bytes queued for the writer and not yet written."""
         self.scope = trio.CancelScope()
         self.aborted = False
+        proto = actor.proto
+        self.batch = proto.max_frame or 0 if proto.batching else 0
+        """``batch-v1``: the largest batch frame (0: one message a frame)."""
 
     @property
     def current(self) -> bool:
@@ -102,7 +105,8 @@ class Link:
             self.abort()
 
     async def _writer(self, scope: trio.CancelScope) -> None:
-        if await send_frames(self.frames, self.ws, self._sent):
+        # The first frame is the welcome (or the resume's): never in a batch.
+        if await send_frames(self.frames, self.ws, self._sent, batch=self.batch, first_alone=True):
             with trio.move_on_after(FINISH_TIMEOUT):
                 await self.ws.aclose()  # done with it: closed session, or replaced
         scope.cancel()
@@ -169,6 +173,11 @@ class RateLimit:
             self._limited_at = self._refill_at
         self._tokens -= 1
         return True
+
+    def charge(self, messages: int) -> None:
+        """``messages`` more read in the frame just admitted (a batch's others): the
+        frames after it wait for their tokens, as if each message had come alone."""
+        self._tokens -= messages
 
 
 async def send_and_close(ws: Any, frames: list[str]) -> None:

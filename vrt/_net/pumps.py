@@ -45,29 +45,62 @@ async def send_frames(
     frames: trio.MemoryReceiveChannel[str],
     ws: Any,
     sent: Callable[[str], object] | None = None,
+    *,
+    batch: int = 0,
+    first_alone: bool = False,
 ) -> bool:
     """Send every frame from ``frames`` on ``ws`` until the channel closes (True) or the
     connection does (False); ``sent(frame)`` after each one.
 
     The one writer of a connection, so frames leave in the order they were queued. Frames
     already queued go out without a scheduler pass each (a pass per frame cost ~10 us).
+    ``batch`` (``batch-v1``): the largest frame the peer takes; the messages already
+    queued when the writer runs go out as one JSON array of at most that size (it never
+    waits for more, so a batch adds no latency), a message alone as itself.
+    ``first_alone``: the first frame is never batched (the server's ``welcome``, which
+    tells the client batches may follow).
     """
+    held: str | None = None  # taken from the channel, but over the last batch's limit
+    first = first_alone
     while True:
-        try:
-            frame = frames.receive_nowait()
-        except trio.WouldBlock:
+        if held is not None:
+            frame, held = held, None
+        else:
             try:
-                frame = await frames.receive()
+                frame = frames.receive_nowait()
+            except trio.WouldBlock:
+                try:
+                    frame = await frames.receive()
+                except trio.EndOfChannel:
+                    return True
             except trio.EndOfChannel:
                 return True
-        except trio.EndOfChannel:
-            return True
+        group: list[str] | None = None
+        if batch and not first:
+            size = len(frame) + 2
+            while True:
+                try:
+                    more = frames.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                size += len(more) + 1
+                if size > batch:
+                    held = more
+                    break
+                if group is None:
+                    group = [frame]
+                group.append(more)
+        first = False
         try:
-            await ws.send_message(frame)
+            await ws.send_message(frame if group is None else "[" + ",".join(group) + "]")
         except ConnectionClosed:
             return False
         if sent is not None:
-            sent(frame)
+            if group is None:
+                sent(frame)
+            else:
+                for one in group:
+                    sent(one)
 
 
 ACK_INTERVAL = 0.2

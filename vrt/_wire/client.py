@@ -11,6 +11,7 @@ one at a time, in arrival order, only after the previous one has its result.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -18,8 +19,17 @@ from typing import Any
 import attrs
 
 from vrt._core.bounded import RecentSet
-from vrt._core.events import Closed, Phase, ToolPreview, ToolStream, TurnEnded, TurnStarted
+from vrt._core.events import (
+    Closed,
+    Phase,
+    TextSoFar,
+    ToolPreview,
+    ToolStream,
+    TurnEnded,
+    TurnStarted,
+)
 from vrt._core.events import TextDelta as TextDeltaEvent
+from vrt._core.previews import Previews
 from vrt._core.results import ResultCode, ToolResult
 from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION, Machine, StrictMachine
 from vrt._errors import InvalidTransition
@@ -76,6 +86,60 @@ Each result is kept whole, so the bound is what a long session's client holds (1
 ~1 kB a turn for 500 turns in bench/load.py's soak)."""
 
 
+class _View:
+    """A call as the app sees it: its CallView machine, its first event (the template of a
+    local ``cancelled``), and with local previews the arguments' text so far."""
+
+    __slots__ = ("chars", "first", "fragments", "machine", "text")
+
+    def __init__(self, first: ToolStream) -> None:
+        self.machine: Machine | StrictMachine = CALL_VIEW.new()
+        self.first = first
+        self.fragments: list[str] = []
+        self.chars = 0
+        self.text: str | None = None  # the whole text, once complete
+
+    def preview(self, event: ToolStream) -> ToolPreview:
+        """The legacy preview that follows ``event`` (``local-preview-v1``): what the
+        server's engine would have sent (the text so far, read lazily; once complete, the
+        text of the fragments, or of the arguments when none came)."""
+        if event.phase is Phase.ARGUMENTS_DELTA and event.delta:
+            if self.chars < PREVIEW_KEPT:  # a server that never completes: bounded here
+                self.fragments.append(event.delta)
+                self.chars += len(event.delta)
+        elif event.phase is Phase.ARGUMENTS_COMPLETE and self.text is None:
+            self.text = (
+                "".join(self.fragments) if self.fragments else _arguments_text(event.arguments)
+            )
+            self.fragments = []
+        text = self.text
+        return ToolPreview(
+            call_id=event.call_id,
+            turn_id=event.turn_id,
+            name=event.name,
+            arguments=text
+            if text is not None
+            else TextSoFar(self.fragments, len(self.fragments), self.chars),
+            complete=text is not None,
+        )
+
+
+def _arguments_text(arguments: Any) -> str:
+    """The JSON text of arguments that came whole (the engine's ``json.dumps``); raw text
+    that did not parse stays as it is."""
+    if isinstance(arguments, str):
+        try:
+            json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments)
+
+
+PREVIEW_KEPT = 1 << 20
+"""Characters of a call's arguments a local preview keeps (the server sends at most an
+eighth of its max_message_size)."""
+
+
 class _AppCall:
     __slots__ = ("machine", "message")
 
@@ -103,7 +167,13 @@ class ClientProtocol(Endpoint):
         self.resume_token: str | None = None
         self.epoch = 0
         self.turn_id: str | None = None
-        self.views: dict[str, tuple[Machine | StrictMachine, ToolStream]] = {}
+        self.views: dict[str, _View] = {}
+        self.batching = False
+        """``batch-v1`` was negotiated: frames may carry arrays of messages."""
+        self.local_previews = False
+        """``local-preview-v1`` (with ``tool-stream-v1``) was negotiated: previews are made
+        here, from ``tool.stream``."""
+        self._previews = Previews()
         # calls begun by a turn the user already interrupted (the newest: a bound)
         self._ignored: RecentSet[str] = RecentSet(1000)
         self.app_calls: dict[str, _AppCall] = {}
@@ -154,11 +224,14 @@ class ClientProtocol(Endpoint):
         """
         self.epoch += 1
         out: list[Any] = []
-        for call_id, (view, first) in list(self.views.items()):
-            view.send("cancel")
+        for call_id, view in list(self.views.items()):
+            view.machine.send("cancel")
             del self.views[call_id]
+            self._previews.forget(call_id)
             self._ignored.add(call_id)
-            out.append(attrs.evolve(first, phase=Phase.CANCELLED))
+            # No preview follows (with local previews too): the legacy wire's own preview
+            # of this moment never reaches the app, the call being ignored from here on.
+            out.append(attrs.evolve(view.first, phase=Phase.CANCELLED))
         out.extend(self.abort_all("interrupted"))
         self.send(m.Interrupt, epoch=self.epoch)
         return out
@@ -204,10 +277,27 @@ class ClientProtocol(Endpoint):
     def receive(self, frame: str | bytes) -> list[Any]:
         """Process one frame; return what the app and the runner must see."""
         try:
-            message = codec.decode(frame, m.SERVER_TYPES)
+            data = codec.parse(frame)
         except codec.DecodeError as exc:
-            # A broken server: nothing to answer it with; surface nothing, drop the frame.
-            return [m.Error(seq=0, code=exc.code, message=f"from the server: {exc.message}")]
+            return [_broken(exc)]
+        if type(data) is list and self.batching:
+            if not data:
+                return [
+                    m.Error(seq=0, code=m.BAD_MESSAGE, message="from the server: an empty batch")
+                ]
+            out: list[Any] = []
+            for item in data:
+                out.extend(self._message(item, "a batch's message"))
+            return out
+        return self._message(data, "a frame")
+
+    def _message(self, data: Any, what: str) -> list[Any]:
+        try:
+            if not isinstance(data, dict):
+                raise codec.DecodeError(m.BAD_MESSAGE, f"{what} must be a JSON object")
+            message = codec.structure(data, m.SERVER_TYPES)
+        except codec.DecodeError as exc:
+            return [_broken(exc)]
         if isinstance(message, m.Ack):
             if not self.peer_acked(message.seq):
                 text = f"from the server: ack {message.seq} is above our last seq {self.sent_seq}"
@@ -238,6 +328,8 @@ class ClientProtocol(Endpoint):
         self.connection.send("welcome")
         self.session_id, self.resume_token = msg.session_id, msg.resume_token
         self.capabilities, self.epoch = msg.capabilities, max(self.epoch, msg.epoch)
+        self.batching = m.BATCH_V1 in msg.capabilities
+        self.local_previews = m.local_previews(msg.capabilities)
         return [Welcomed(session_id=msg.session_id, capabilities=msg.capabilities)]
 
     def _on_turn_started(self, msg: m.TurnStartedMessage) -> list[Any]:
@@ -275,24 +367,26 @@ class ClientProtocol(Endpoint):
             if call_id in self.views or msg.epoch < self.epoch:
                 self._ignored.add(call_id)  # a call of a turn the user already interrupted
                 return []
-            self.views[call_id] = (CALL_VIEW.new(), event)
-            return [event]
-        entry = self.views.get(call_id)
-        if entry is None:
+            view = self.views[call_id] = _View(event)
+            return self._shown(view, event)
+        found = self.views.get(call_id)
+        if found is None:
             return []  # already final here (cancelled locally): the late phase is dropped
-        view = entry[0]
+        view = found
         try:
-            view.send(_VIEW_EVENT[phase])
+            view.machine.send(_VIEW_EVENT[phase])
         except InvalidTransition:
             return [
                 m.Error(
                     seq=0,
                     code=m.BAD_MESSAGE,
-                    message=f"from the server: {phase} while call {call_id} is {view.state}",
+                    message=f"from the server: {phase} while call {call_id} is "
+                    f"{view.machine.state}",
                 )
             ]
-        if not view.final:
-            return [event]
+        shown = self._shown(view, event)
+        if not view.machine.final:
+            return shown
         del self.views[call_id]
         # The app saw this call end: a queued tool.call for it must never run (tool.abort
         # may still be on its way, after the running call's result).
@@ -303,11 +397,20 @@ class ClientProtocol(Endpoint):
             if event.code is ResultCode.TIMEOUT
             else "aborted"
         )
-        return [event, *self._abort(call_id, reason)]
+        return [*shown, *self._abort(call_id, reason)]
+
+    def _shown(self, view: _View, event: ToolStream) -> list[Any]:
+        """``event``, and with local previews the preview that follows it when the server
+        would have sent one (the same :class:`Previews` choice as its own)."""
+        if not self.local_previews:
+            return [event]
+        self._previews.stream(event)
+        preview = view.preview(event)
+        return [event, preview] if self._previews.wanted(preview) else [event]
 
     def _on_tool_preview(self, msg: m.ToolPreviewMessage) -> list[Any]:
-        if msg.call_id in self._ignored:
-            return []
+        if msg.call_id in self._ignored or self.local_previews:
+            return []  # with local previews, made here: a server's own would be shown twice
         return [
             ToolPreview(
                 call_id=msg.call_id,
@@ -393,3 +496,8 @@ class ClientProtocol(Endpoint):
         answers[msg.call_id] = wire
         if len(answers) > ANSWERS_KEPT:
             del answers[next(iter(answers))]
+
+
+def _broken(exc: codec.DecodeError) -> m.Error:
+    """A frame from a broken server: nothing to answer it with; surfaced, then dropped."""
+    return m.Error(seq=0, code=exc.code, message=f"from the server: {exc.message}")

@@ -147,8 +147,16 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
 
 def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
     """One frame to one message record of the ``allowed`` types, or raise DecodeError."""
+    data = parse(text)
+    if not isinstance(data, dict):
+        raise DecodeError(m.BAD_MESSAGE, "a frame must be a JSON object")
+    return structure(data, allowed)
+
+
+def parse(text: str | bytes) -> Any:
+    """A frame's JSON, or raise DecodeError (``BAD_JSON``)."""
     try:
-        data = (
+        return (
             _DECODER.decode(text)
             if type(text) is str
             else json.loads(text, parse_constant=_no_constants)
@@ -157,8 +165,11 @@ def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
         raise DecodeError(m.BAD_JSON, "the frame is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(m.BAD_JSON, f"the frame is not JSON: {shorten(exc)}") from None
-    if not isinstance(data, dict):
-        raise DecodeError(m.BAD_MESSAGE, "a frame must be a JSON object")
+
+
+def structure(data: dict[str, Any], allowed: tuple[type[Any], ...]) -> Any:
+    """One parsed message (a JSON object; it is consumed) to its record of the
+    ``allowed`` types, or raise DecodeError."""
     ref = _ref(data.get("seq"))
     type_ = data.get("type")
     cls = _BY_TYPE.get(type_) if isinstance(type_, str) else None

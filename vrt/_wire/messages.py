@@ -13,7 +13,21 @@ import attrs
 
 PROTOCOL = "vrt/1"
 TOOL_STREAM_V1 = "tool-stream-v1"
-CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1,)
+BATCH_V1 = "batch-v1"
+"""After ``welcome``, a frame may carry a JSON array of messages, in either direction."""
+LOCAL_PREVIEW_V1 = "local-preview-v1"
+"""The client derives ``tool.preview`` from ``tool.stream``: none on the wire (with
+``tool-stream-v1`` only)."""
+CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1, BATCH_V1, LOCAL_PREVIEW_V1)
+"""What both Python sides support and offer by default."""
+LEGACY: tuple[str, ...] = (TOOL_STREAM_V1,)
+"""What they offered before batches and local previews: the wire of one object a frame,
+previews included."""
+
+
+def local_previews(capabilities: tuple[str, ...]) -> bool:
+    """Whether ``local-preview-v1`` applies: negotiated, with ``tool-stream-v1``."""
+    return LOCAL_PREVIEW_V1 in capabilities and TOOL_STREAM_V1 in capabilities
 
 
 # -- parts ---------------------------------------------------------------------------------------

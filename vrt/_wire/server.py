@@ -51,6 +51,11 @@ class ServerProtocol(Endpoint):
         """The Session machine: ``handshaking`` until hello is accepted, ``open``,
         ``detached`` while no connection carries the session, ``closed``."""
         self.capabilities: tuple[str, ...] = ()
+        self.batching = False
+        """``batch-v1`` was negotiated: frames may carry arrays of messages."""
+        self.frame_messages = 1
+        """How many messages the last frame :meth:`receive` took carried (a batch's size:
+        what a rate limit counts)."""
         self.closed_reason: str | None = None
         """Why the session closed (the ``closed`` reason), once it has."""
         self.app_tools: tuple[m.ToolDecl, ...] = ()
@@ -86,8 +91,36 @@ class ServerProtocol(Endpoint):
                     numbered=in_session,
                 )
                 return []
+        self.frame_messages = 1
         try:
-            message = codec.decode(frame, m.CLIENT_TYPES)
+            data = codec.parse(frame)
+        except codec.DecodeError as exc:
+            self.error(exc.code, exc.message, exc.ref, numbered=in_session)
+            return []
+        if type(data) is list and in_session and self.batching:
+            return self._batch(data)
+        return self._message(data, in_session)
+
+    def _batch(self, items: list[Any]) -> list[Any]:
+        """``batch-v1``: each message in order, as if it had come alone."""
+        if not items:
+            self.error(m.BAD_MESSAGE, "a batch must hold at least one message")
+            return []
+        self.frame_messages = len(items)
+        out: list[Any] = []
+        for item in items:
+            out.extend(self._message(item, in_session=True, batched=True))
+            if self.state != "open":
+                break  # closed (the client's close) or dropped: the rest is not read
+        return out
+
+    def _message(self, data: Any, in_session: bool, *, batched: bool = False) -> list[Any]:
+        """One parsed message (a frame's, or one of a batch)."""
+        try:
+            if not isinstance(data, dict):
+                what = "a batch's message" if batched else "a frame"
+                raise codec.DecodeError(m.BAD_MESSAGE, f"{what} must be a JSON object")
+            message = codec.structure(data, m.CLIENT_TYPES)
         except codec.DecodeError as exc:
             if in_session and exc.ref is not None and not self.accept(exc.ref):
                 return []  # a replay we already answered
@@ -206,6 +239,7 @@ class ServerProtocol(Endpoint):
             return []
         self.machine.send("accept")
         self.capabilities = tuple(c for c in self.supported if c in hello.capabilities)
+        self.batching = m.BATCH_V1 in self.capabilities
         self.app_tools = hello.tools
         self.send(
             m.Welcome,

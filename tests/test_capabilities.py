@@ -1,0 +1,191 @@
+"""batch-v1 and local-preview-v1 (PROTOCOL.md, "Capabilities"), both sides.
+
+The protocol cores on their own (a batch's messages each handled as if alone, an error per
+message referring to its seq), then real sessions: what the app sees is the same with the
+capabilities and without, the server sends no ``tool.preview`` to a client that makes
+its own, frames hold several messages, and a batch counts against the message rate.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import vrt
+from tests.test_wire_errors import connected, serving
+from tests.test_wire_legacy import Recording, session_parts
+from vrt._wire import messages as m
+from vrt._wire.client import ClientProtocol
+from vrt._wire.server import ServerProtocol
+from vrt.testing import open_pair
+
+
+def opened(offer: tuple[str, ...] = m.CAPABILITIES) -> tuple[ClientProtocol, ServerProtocol]:
+    """A client core and a server core after the handshake."""
+    client = ClientProtocol([], offer)
+    server = ServerProtocol(session_id="s_1", resume_token="tok", server_tools=[])
+    client.hello()
+    for frame in client.take_outbox():
+        server.receive(frame)
+    for frame in server.take_outbox():
+        client.receive(frame)
+    return client, server
+
+
+def sent(endpoint: Any) -> list[dict[str, Any]]:
+    return [json.loads(f) for f in endpoint.take_outbox()]
+
+
+# -- the cores -----------------------------------------------------------------------------------
+
+
+def test_the_capabilities_are_the_intersection() -> None:
+    client, server = opened()
+    assert client.capabilities == server.capabilities == m.CAPABILITIES
+    assert client.batching and server.batching and client.local_previews
+    client, server = opened(m.LEGACY)
+    assert client.capabilities == server.capabilities == m.LEGACY
+    assert not (client.batching or server.batching or client.local_previews)
+    client, server = opened((m.LOCAL_PREVIEW_V1,))  # only with tool-stream-v1
+    assert not client.local_previews
+
+
+def test_each_message_of_a_batch_is_handled_as_if_alone() -> None:
+    _client, server = opened()
+    frame = json.dumps(
+        [
+            {"type": "input", "seq": 2, "text": "one"},
+            {"type": "dance", "seq": 3},
+            {"type": "input", "seq": 4},  # text missing
+            7,
+            {"type": "input", "seq": 5, "text": "two"},
+        ]
+    )
+    got = server.receive(frame)
+    assert [g.text for g in got] == ["one", "two"]  # the others go on
+    assert server.frame_messages == 5
+    errors = [f for f in sent(server) if f["type"] == "error"]
+    assert [(e["code"], e.get("ref")) for e in errors] == [
+        ("UNKNOWN_TYPE", 3),
+        ("BAD_MESSAGE", 4),
+        ("BAD_MESSAGE", None),
+    ]
+    assert errors[2]["message"] == "a batch's message must be a JSON object"
+    assert server.state == "open"
+
+
+def test_an_empty_batch_and_a_batch_never_negotiated_are_errors() -> None:
+    _client, server = opened()
+    assert server.receive("[]") == []
+    (error,) = sent(server)
+    assert (error["code"], error["message"]) == (
+        "BAD_MESSAGE",
+        "a batch must hold at least one message",
+    )
+    _client, server = opened(m.LEGACY)
+    assert server.receive(json.dumps([{"type": "input", "seq": 2, "text": "x"}])) == []
+    (error,) = sent(server)
+    assert (error["code"], error["message"]) == ("BAD_MESSAGE", "a frame must be a JSON object")
+    assert server.state == "open"
+
+
+def test_a_batch_that_closes_stops_there() -> None:
+    _client, server = opened()
+    frame = json.dumps([{"type": "close", "seq": 2}, {"type": "input", "seq": 3, "text": "after"}])
+    assert [type(g) for g in server.receive(frame)] == [m.Close]
+    assert server.state != "open"
+
+
+def test_the_client_core_reads_batches_in_order() -> None:
+    client, server = opened()
+    server.send(m.TurnStartedMessage, turn_id="t_1", epoch=0)
+    server.send(m.TextDeltaMessage, turn_id="t_1", text="a")
+    server.send(m.TextDeltaMessage, turn_id="t_1", text="b")
+    frames = server.take_outbox()
+    events = client.receive("[" + ",".join(frames) + "]")
+    assert [type(e).__name__ for e in events] == ["TurnStarted", "TextDelta", "TextDelta"]
+    assert [e.text for e in events[1:]] == ["a", "b"]
+    (error,) = client.receive("[]")
+    assert error.code == m.BAD_MESSAGE and "empty batch" in error.message
+
+
+def test_with_local_previews_the_client_ignores_wire_previews() -> None:
+    client, server = opened()
+    server.send(
+        m.ToolPreviewMessage, call_id="c", turn_id="t", name="n", arguments="{", complete=False
+    )
+    assert [client.receive(f) for f in server.take_outbox()] == [[]]
+
+
+# -- real sessions -------------------------------------------------------------------------------
+
+
+async def session(offer: tuple[str, ...]) -> tuple[list[Any], list[str]]:
+    """The scripted session of test_wire_legacy: the app's events and every frame."""
+    agent, tools = session_parts()
+    frames: list[str] = []
+    with trio.fail_after(60):
+        async with open_pair(
+            agent, tools, capabilities=offer, transport=lambda ws: Recording(ws, frames)
+        ) as client:
+            async with client.subscribe() as channel:
+                events: list[Any] = []
+                for text in ("first", "second"):
+                    await client.send_text(text)
+                    async for event in channel:
+                        events.append(event)
+                        if isinstance(event, vrt.TurnEnded):
+                            break
+    return events, frames
+
+
+async def test_the_app_sees_the_same_events_with_and_without_the_capabilities(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    legacy, legacy_frames = await session(m.LEGACY)
+    events, frames = await session(m.CAPABILITIES)
+    assert events == legacy  # local previews: same fields, same moments
+    previews = [e for e in events if isinstance(e, vrt.ToolPreview)]
+    assert len(previews) > 4 and previews[-1].complete
+    received = [json.loads(f[2:]) for f in frames if f.startswith("<")]
+    messages = [
+        x for r in received for x in (r if isinstance(r, list) else [r]) if x["type"] != "ack"
+    ]
+    assert not [x for x in messages if x["type"] == "tool.preview"]  # none on the wire
+    assert received[0]["type"] == "welcome"  # never in a batch
+    assert any(isinstance(r, list) for r in received)  # what was queued went together
+    assert len(received) < len(messages)
+    # the same messages, previews aside, in the same order, numbered without gaps
+    seqs = [x["seq"] for x in messages]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert len(legacy_frames) > len(frames)
+
+
+@pytest.mark.network
+async def test_a_batch_counts_against_the_message_rate() -> None:
+    """Forty messages in one frame spend a bucket of twenty as forty frames would: the
+    next frame waits about a second for its token."""
+    async with (
+        serving(vrt.define_agent(model=vrt.ScriptedModel([])), max_messages_per_second=20) as srv,
+        connected(srv) as peer,
+    ):
+        await peer.send("hello", protocol="vrt/1", capabilities=["batch-v1"], tools=[])
+        welcome = json.loads(await peer.ws.get_message())
+        assert welcome["capabilities"] == ["batch-v1"]
+        batch = [{"type": "dance", "seq": peer.next_seq()} for _ in range(40)]
+        await peer.ws.send_message(json.dumps(batch))
+        start = trio.current_time()
+        last = await peer.send("dance")
+        refs: list[int] = []
+        with trio.fail_after(10):
+            while last not in refs:
+                data = json.loads(await peer.ws.get_message())
+                for x in data if isinstance(data, list) else [data]:
+                    if x["type"] == "error" and x["code"] == "UNKNOWN_TYPE":
+                        refs.append(x["ref"])
+        assert refs == [b["seq"] for b in batch] + [last]  # every one answered, in order
+        assert trio.current_time() - start > 0.7
