@@ -19,6 +19,10 @@ cProfile of the compiled path, ``--help`` for the knobs). What it measures:
   task draining ``session.subscribe()`` with ``async for`` to its end, which is what a
   real app sees (14 events per call). Runs alternate between the modes and repeat; the
   table shows the best run and the median.
+* **Spawns.** The cost of a call as a multiple of a Trio task spawn+finish measured in the
+  same process between the runs (1,000 no-op tasks started into an open nursery and left
+  to finish, per task; best of the repeats against the best run), so the figure means the
+  same on a machine twice as fast.
 * **Memory.** 10,000 calls finished in one session, their TurnResults kept; measured three
   ways, see :func:`measure_memory`.
 
@@ -61,6 +65,8 @@ DELTAS = 4
 TARGET_RATE = 10_000.0
 TARGET_RATIO = 5.0
 TARGET_RECORD_BYTES = 2048
+TARGET_SPAWNS = {False: 5.0, True: 8.0}  # no subscriber, one subscriber
+SPAWNS = 1000
 US = "\N{MICRO SIGN}s"
 
 
@@ -161,6 +167,36 @@ class Cell:
 class Throughput:
     cells: dict[tuple[bool, bool], Cell]  # (strict, subscriber) -> its runs
     long: Cell  # compiled, no subscriber, each run one long session
+    spawns: list[float]  # seconds per spawn+finish, one figure per repeat
+
+    @property
+    def spawn(self) -> float:
+        return min(self.spawns)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def timed_spawns() -> float:
+    """Seconds per Trio task spawn+finish: ``SPAWNS`` no-op tasks started into an open
+    nursery, the nursery then waiting for them all; the best of ten rounds."""
+    gc.collect()
+    out: list[float] = []
+
+    async def body() -> None:
+        async with trio.open_nursery() as outer:  # the engine's nurseries are open too
+            outer.start_soon(trio.sleep_forever)
+            for _ in range(10):
+                start = time.perf_counter()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(SPAWNS):
+                        nursery.start_soon(_nothing)
+                out.append((time.perf_counter() - start) / SPAWNS)
+            outer.cancel_scope.cancel()
+
+    trio.run(body)
+    return min(out)
 
 
 def timed_run(
@@ -208,10 +244,12 @@ def measure_throughput(args: argparse.Namespace) -> Throughput:
     turns, per_step = args.turns, args.per_step
     agent = make_agent(per_step, turns)
     cells = {(strict, sub): Cell() for sub in (False, True) for strict in (False, True)}
+    spawns: list[float] = []
     for strict in (False, True):  # warm up: imports, validators, the library's caches
         for sub in (False, True):
             timed_run(agent, turns * per_step, turns, per_step, strict=strict, subscriber=sub)
     for repeat in range(args.repeats):
+        spawns.append(timed_spawns())
         order = (False, True) if repeat % 2 == 0 else (True, False)
         for sub in (False, True):
             for strict in order:
@@ -227,7 +265,7 @@ def measure_throughput(args: argparse.Namespace) -> Throughput:
         run = timed_run(long_agent, 0, long_turns, per_step, strict=False, subscriber=False)
         long.runs.append(run)
         _say(args, repeat, "compiled, one long session", run)
-    return Throughput(cells=cells, long=long)
+    return Throughput(cells=cells, long=long, spawns=spawns)
 
 
 # -- memory --------------------------------------------------------------------------------------
@@ -431,6 +469,14 @@ def report(args: argparse.Namespace, result: Throughput, memory: Memory) -> None
             f"{fast.best / slow.best:>7.1f}x{1e6 / fast.best:>11.1f}{1e6 / slow.best:>10.1f}"
             f"{fast.runs[0].events / fast.runs[0].calls:>8.1f}{fast.cpu_share:>6.2f}"
         )
+    spawn = result.spawn
+    print(
+        f"  in trio task spawns: a spawn+finish took {spawn * 1e6:.2f} {US} (best of "
+        f"{len(result.spawns)}, median {statistics.median(result.spawns) * 1e6:.2f}); a call "
+        + ", ".join(
+            f"{1 / cells[False, sub].best / spawn:.1f} spawns {_case(sub)}" for sub in (False, True)
+        )
+    )
     long = result.long
     items = long.runs[0].calls + long.runs[0].calls // args.per_step
     print(
@@ -463,12 +509,20 @@ def report(args: argparse.Namespace, result: Throughput, memory: Memory) -> None
             )
             print(f"           of which: {parts}")
 
+    spawn = result.spawn
     print("\ntargets:")
     for sub in (False, True):
         rate = cells[False, sub].best
         print(
             f"  >= {TARGET_RATE:,.0f} calls/s compiled, {_case(sub):16}{rate:>9,.0f} calls/s  "
             f"{_verdict(rate >= TARGET_RATE, rate, TARGET_RATE)}"
+        )
+    for sub in (False, True):
+        spawns = 1 / cells[False, sub].best / spawn
+        target = TARGET_SPAWNS[sub]
+        print(
+            f"  <= {target:.0f} spawns a call, compiled, {_case(sub):20}{spawns:>9.1f}    "
+            f"{_verdict(spawns <= target, spawns, target)}"
         )
     for sub in (False, True):
         ratio = cells[False, sub].best / cells[True, sub].best

@@ -36,10 +36,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from vrt._core.fastcheck import compile_schema, unique
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.client import ClientProtocol
-from vrt._wire.fastcheck import compile_schema, unique
 from vrt._wire.server import ServerProtocol
 
 T = TypeVar("T")

@@ -215,3 +215,25 @@ def test_an_engine_preview_is_joined_only_when_read() -> None:
     assert lazy == eager and hash(lazy) == hash(eager)
     assert repr(lazy) == repr(eager) and "'{\"a\"'" in repr(lazy)
     assert attrs.evolve(lazy, arguments="x").arguments == "x"
+
+
+def test_the_engines_tool_stream_builder_makes_the_same_record() -> None:
+    """vrt._core.events.tool_stream sets ToolStream's slots directly: the same fields, the
+    same values, equal and hashing alike (a field added to ToolStream fails here)."""
+    import inspect
+
+    import attrs
+
+    from vrt._core.events import tool_stream
+
+    fields = [f.name for f in attrs.fields(vrt.ToolStream)]
+    assert list(inspect.signature(tool_stream).parameters) == fields
+    values = ["c", "t", 3, "n", "app", vrt.Phase.SETTLED, "d", {"a": 1}, [1], False]
+    values += [vrt.ResultCode.TIMEOUT, "m"]
+    fast, slow = tool_stream(*values), vrt.ToolStream(**dict(zip(fields, values, strict=True)))
+    assert fast == slow and repr(fast) == repr(slow)
+    assert tool_stream("c", "t", 0, "n", "server", vrt.Phase.START) == vrt.ToolStream(
+        call_id="c", turn_id="t", epoch=0, name="n", kind="server", phase=vrt.Phase.START
+    )
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        fast.ok = True  # type: ignore[misc]

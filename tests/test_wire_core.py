@@ -14,10 +14,11 @@ from jsonschema import Draft202012Validator
 
 import vrt
 from vrt._core.events import ToolPreview
+from vrt._core.fastcheck import compile_schema
+from vrt._engine.tools import schema_validator
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.client import ANSWERS_KEPT, AbortApp, ClientProtocol, Welcomed
-from vrt._wire.fastcheck import compile_schema
 from vrt._wire.server import ServerProtocol
 
 ROOT = Path(vrt.__file__).parent
@@ -410,3 +411,34 @@ def test_core_refused_hello(hello: dict[str, Any], code: str) -> None:
     assert (error["type"], error["code"], error["seq"]) == ("error", code, 0)
     assert closed == {"type": "closed", "seq": 0, "reason": "rejected"}
     assert server.state == "closed"
+
+
+TOOL_SCHEMAS = [
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 3},
+            "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "mode": {"enum": ["a", "b", None]},
+        },
+        "additionalProperties": False,
+    },
+    {"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(TOOL_SCHEMAS),
+    st.dictionaries(st.sampled_from(["city", "n", "tags", "mode", "a", "b", "x"]), json_values),
+)
+def test_tool_argument_checks_agree_with_jsonschema(schema: Any, args: dict[str, Any]) -> None:
+    """schema_validator's compiled fast path accepts exactly what jsonschema accepts."""
+    try:
+        schema_validator(schema)(args)
+    except vrt.InvalidArguments:
+        accepted = False
+    else:
+        accepted = True
+    assert accepted == Draft202012Validator(schema).is_valid(args)

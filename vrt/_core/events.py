@@ -55,6 +55,56 @@ class ToolStream:
     message: str | None = None
 
 
+_new = object.__new__
+(
+    _call_id,
+    _turn_id,
+    _epoch,
+    _name,
+    _kind,
+    _phase,
+    _delta,
+    _arguments,
+    _progress,
+    _ok,
+    _code,
+    _message,
+) = (getattr(ToolStream, f.name).__set__ for f in attrs.fields(ToolStream))
+
+
+def tool_stream(
+    call_id: str,
+    turn_id: str,
+    epoch: int,
+    name: str,
+    kind: Kind,
+    phase: Phase,
+    delta: str | None = None,
+    arguments: Any = None,
+    progress: Any = None,
+    ok: bool | None = None,
+    code: ResultCode | None = None,
+    message: str | None = None,
+) -> ToolStream:
+    """``ToolStream(...)`` for the engine's hot path: the same record, its slots set
+    directly (0.75 µs against attrs' 1.3; a call makes seven). ToolStream has no
+    validators or converters for attrs' ``__init__`` to run; a test keeps the two equal."""
+    event: ToolStream = _new(ToolStream)
+    _call_id(event, call_id)
+    _turn_id(event, turn_id)
+    _epoch(event, epoch)
+    _name(event, name)
+    _kind(event, kind)
+    _phase(event, phase)
+    _delta(event, delta)
+    _arguments(event, arguments)
+    _progress(event, progress)
+    _ok(event, ok)
+    _code(event, code)
+    _message(event, message)
+    return event
+
+
 class TextSoFar:
     """A call's arguments text so far as the engine holds it: the first ``count``
     fragments of a list that only grows, joined the first time someone reads it.

