@@ -280,25 +280,36 @@ EDIT = models.ToolSpec(name="edit", description="an app tool", parameters={"type
 
 
 class RecordingHost:
-    """An app host that records the calls sent to it; each waits until ``release``."""
+    """An app host that records the calls sent to it; each waits until ``release``.
+    ``eager``: the first call in line is sent from the turn's task (as with batch-v1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, eager: bool = False) -> None:
+        self.eager = eager
         self.sent: list[str] = []
         self.changed = trio.Event()
         self.release = trio.Event()
 
-    async def run_app(self, call: Any) -> vrt.ToolResult:
-        self.sent.append(call.call_id)  # "sends tool.call" before its first checkpoint
+    def send_app(self, call: Any) -> Any:
+        self.sent.append(call.call_id)  # "sends tool.call"
         self.changed.set()
         self.changed = trio.Event()
-        await self.release.wait()
-        return vrt.ToolResult.success(call.call_id)
+        return _Released(self, call.call_id)
 
 
-async def test_an_interrupt_never_sends_the_app_call_waiting_behind_another() -> None:
+class _Released:
+    def __init__(self, host: RecordingHost, call_id: str) -> None:
+        self.host, self.call_id = host, call_id
+
+    async def wait(self) -> vrt.ToolResult:
+        await self.host.release.wait()
+        return vrt.ToolResult.success(self.call_id)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_an_interrupt_never_sends_the_app_call_waiting_behind_another(eager: bool) -> None:
     """late-dispatch: call_2 waits for call_1; the interrupt ends call_1 (waking call_2)
     before it cancels the turn's scope, and call_2 was still sent to the app."""
-    host = RecordingHost()
+    host = RecordingHost(eager)
     script = vrt.ScriptedModel([[vrt.call("edit", {}), vrt.call("edit", {})]])
     agent = vrt.define_agent(model=script, client_tools="accept")
     async with vrt.open_session(agent, app_tools=[EDIT], app_host=host) as session:
@@ -313,10 +324,11 @@ async def test_an_interrupt_never_sends_the_app_call_waiting_behind_another() ->
     assert codes == [vrt.ResultCode.INTERRUPTED] * 2
 
 
-async def test_an_app_call_never_overtakes_an_earlier_one_still_in_its_hook() -> None:
+@pytest.mark.parametrize("eager", [False, True])
+async def test_an_app_call_never_overtakes_an_earlier_one_still_in_its_hook(eager: bool) -> None:
     """overtake: call_3 waited only for call_2; call_2 was rejected at once, so call_3 was
     sent while call_1, the earliest, was still in its hook."""
-    host = RecordingHost()
+    host = RecordingHost(eager)
     host.release.set()
     in_hook = trio.Event()
     hook_done = trio.Event()

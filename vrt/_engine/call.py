@@ -33,15 +33,31 @@ INTERRUPTED = ToolResult.failure(ResultCode.INTERRUPTED, "the turn was interrupt
 
 
 class AppHost(Protocol):
-    """Where app calls run: the client of the session (see ``vrt._net.serve``)."""
+    """Where app calls run: the client of the session (see ``vrt._net.actor``)."""
 
-    async def run_app(self, call: Call) -> ToolResult:
-        """Send the call to the client and wait for its result.
+    @property
+    def eager(self) -> bool:
+        """Send an app call from the turn's own task, at its ``arguments-complete``, when
+        nothing is in its way (no hook, first in line): the transport then writes both in
+        one frame (``batch-v1``). False: the call's task does it, a scheduler pass later."""
+        ...
 
-        The host sends ``tool.call`` before its first
-        checkpoint. If this returns without a result (cancelled: timeout or interrupt), the
-        host tells the client it gave up (``tool.abort``).
+    def send_app(self, call: Call) -> AppWait | ToolResult:
+        """Send ``tool.call`` now (synchronously); what to wait on for the result, or the
+        call's result at once if it could not be sent.
+
+        If the wait ends without a result (cancelled: timeout or interrupt), the host
+        tells the client it gave up (``tool.abort``). The host may settle the call itself
+        when the result arrives (:meth:`Call.answered`), from its reader's task.
         """
+        ...
+
+
+class AppWait(Protocol):
+    """An app call sent to the client, waiting for its result (:meth:`AppHost.send_app`)."""
+
+    async def wait(self) -> ToolResult:
+        """The client's result."""
         ...
 
 
@@ -159,6 +175,44 @@ class Call:
 
     # -- the call's own task ----------------------------------------------------------------------
 
+    def issue(self, nursery: trio.Nursery) -> None:
+        """The arguments are complete: start the call's task in ``nursery`` (the turn's).
+
+        With an eager host (:attr:`AppHost.eager`), no hook and an app call first in line,
+        the call's synchronous part runs here, in the turn's task: allowed, checked, and
+        ``tool.call`` sent right behind ``arguments-complete``; its task only waits for the
+        result. The same transitions in the same order as :meth:`run`'s, without the
+        scheduler passes between them.
+        """
+        app = self.app
+        session = self.turn.session
+        host = session.app_host
+        ready = self.clear_to_send
+        if (
+            app is None
+            or host is None
+            or not host.eager
+            or ready is None
+            or not ready.is_set()
+            or session.agent.before_tool_call is not None
+        ):
+            nursery.start_soon(self.run)
+            return
+        if not self._send("allow") or not self._checked(app):
+            return
+        sent = host.send_app(self)
+        if isinstance(sent, ToolResult):
+            self._settle("finish", sent)
+            return
+        nursery.start_soon(self._wait_app, sent)
+
+    def answered(self, result: ToolResult) -> None:
+        """The app's result, as the host's reader receives it: ``settled`` at once, from
+        that task, not a scheduler pass later from the call's own (which then just ends).
+        A call that already ended (interrupted, timed out) keeps its result."""
+        if not self.machine.final:
+            self._settle("finish", result)
+
     async def run(self) -> None:
         """Hook, validation, run. Cancelled with the turn's scope on interrupt."""
         # A call interrupted while queued (issued, its task not yet started) stops here,
@@ -230,21 +284,27 @@ class Call:
             return
         self._settle("finish", await self._execute(registered, value))
 
-    async def _run_app(self, app: RegisteredApp) -> None:
-        if not self._send("allow"):
-            return
+    def _checked(self, app: RegisteredApp) -> bool:
+        """Check an allowed app call's arguments and its place in line; False if that
+        settled it (INVALID, or FAILED over ``max_queued_app_calls``)."""
         try:
             if not isinstance(self.arguments, dict):
                 raise InvalidArguments("arguments are not a JSON object")
             app.check_schema(self.arguments)
         except InvalidArguments as exc:
             self._settle("finish", ToolResult.failure(ResultCode.INVALID, str(exc)))
-            return
+            return False
         if self.clear_to_send is None:
             limit = self.turn.session.max_queued_app_calls
             message = f"too many app calls waiting for the app (limit {limit})"
             self._settle("finish", ToolResult.failure(ResultCode.FAILED, message))
+            return False
+        return True
+
+    async def _run_app(self, app: RegisteredApp) -> None:
+        if not self._send("allow") or not self._checked(app):
             return
+        assert self.clear_to_send is not None
         await self.clear_to_send.wait()
         # Woken by the previous call's end, which may be Turn.interrupt() ending every call
         # (this one too) just before it cancels the turn's scope: never send a call that
@@ -252,21 +312,32 @@ class Call:
         if self.machine.final:
             return
         await trio.lowlevel.checkpoint_if_cancelled()
-        session = self.turn.session
-        host = session.app_host
+        host = self.turn.session.app_host
         if host is None:
-            result = ToolResult.failure(ResultCode.FAILED, "no app is connected")
-        else:
-            timeout = session.agent.client_tool_timeout
-            with trio.move_on_after(timeout):
-                self._settle("finish", await host.run_app(self))
-                return
-            result = ToolResult.failure(
+            self._settle("finish", ToolResult.failure(ResultCode.FAILED, "no app is connected"))
+            return
+        sent = host.send_app(self)
+        if isinstance(sent, ToolResult):
+            self._settle("finish", sent)
+            return
+        await self._wait_app(sent)
+
+    async def _wait_app(self, sent: AppWait) -> None:
+        """Wait for a sent app call's result, at most ``client_tool_timeout``."""
+        timeout = self.turn.session.agent.client_tool_timeout
+        with trio.move_on_after(timeout):
+            result = await sent.wait()
+            if not self.machine.final:  # the host may have settled it (answered)
+                self._settle("finish", result)
+            return
+        self._settle(
+            "finish",
+            ToolResult.failure(
                 ResultCode.TIMEOUT,
                 f"no result from the app within {timeout:g} s; the call may still have "
                 "completed in the app",
-            )
-        self._settle("finish", result)
+            ),
+        )
 
     def _validate(self, registered: RegisteredTool) -> Any:
         if not isinstance(self.arguments, dict):

@@ -5,7 +5,7 @@ The actor owns a session's :class:`~vrt._wire.server.ServerProtocol` and its in-
 :class:`~vrt.Session`: client messages become session actions (:meth:`SessionActor.receive`),
 session events become messages (:func:`~vrt._net.frames.message_of`, in the engine's own
 order), and app calls go to the client and wait for its ``tool.result``
-(:meth:`SessionActor.run_app`, the engine's app host). The connection currently carrying the
+(:meth:`SessionActor.send_app`, the engine's app host). The connection currently carrying the
 session is its :class:`~vrt._net.link.Link`; without one (detached) the frames wait in the
 protocol's replay buffer for a resume.
 """
@@ -416,20 +416,31 @@ class SessionActor:
             )
             return
         wire = message.result
-        pending.result = (
+        result = pending.result = (
             ToolResult.success(wire.output)
             if wire.ok
             else ToolResult.failure(ResultCode(wire.code or "FAILED"), wire.message)
         )
-        pending.done.set()
+        del self.pending[call_id]  # answered: its terminal phase sends no tool.abort
         self.answered.add(call_id)
+        pending.done.set()
+        # Settled here, in the reader's task: ``settled`` leaves with this frame's other
+        # answers, not a scheduler pass later from the call's task (which just ends).
+        pending.call.answered(result)
 
     # -- the app host (vrt._engine.call.AppHost) ------------------------------------------------
 
-    async def run_app(self, call: Call) -> ToolResult:
-        """Send an app call to the client and wait for its ``tool.result``."""
+    @property
+    def eager(self) -> bool:
+        """With ``batch-v1``: an app call's ``tool.call`` is queued with its
+        ``arguments-complete``, so they leave in one frame. Without it the order of the
+        frames stays what it always was."""
+        return self.proto.batching
+
+    def send_app(self, call: Call) -> _Pending | ToolResult:
+        """Send an app call's ``tool.call`` now; what waits for its ``tool.result``."""
         call_id = call.call_id
-        pending = _Pending(call.turn.epoch)
+        pending = _Pending(call, self.pending)
         self.pending[call_id] = pending
         self.issued.add(call_id)
         try:
@@ -446,26 +457,32 @@ class SessionActor:
             message = "the call's arguments are over what the client takes (max_message_size)"
             return ToolResult.failure(ResultCode.FAILED, message)
         self.flush()
-        try:
-            await pending.done.wait()
-        finally:
-            # Without a result (cancelled), ``pending`` stays until the call's terminal
-            # phase, which sends tool.abort after it (``_on_event``).
-            if pending.result is not None:
-                del self.pending[call_id]
-        assert pending.result is not None
-        return pending.result
+        return pending
 
 
 class _Pending:
-    """An app call waiting for the client's ``tool.result``."""
+    """An app call waiting for the client's ``tool.result`` (the engine's ``AppWait``)."""
 
-    __slots__ = ("done", "epoch", "result")
+    __slots__ = ("call", "done", "epoch", "result", "waiting")
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, call: Call, waiting: dict[str, _Pending]) -> None:
+        self.call = call
+        self.epoch = call.turn.epoch
+        self.waiting = waiting
         self.done = trio.Event()
         self.result: ToolResult | None = None
+
+    async def wait(self) -> ToolResult:
+        """The client's result (see :meth:`SessionActor._result`)."""
+        try:
+            await self.done.wait()
+        finally:
+            # Without a result (cancelled), it stays until the call's terminal phase, which
+            # sends tool.abort after it (``_on_event``).
+            if self.result is not None:
+                self.waiting.pop(self.call.call_id, None)
+        assert self.result is not None
+        return self.result
 
 
 def _set(event: trio.Event | None) -> None:
