@@ -724,8 +724,16 @@ class Printer:
             f"{self.args.think:g} s)"
         )
         print_turns(s, f"{s.connected:,} sessions", wall)
+        rate = s.turns / max(wall, 1e-9)
+        print(
+            f"  completed {rate:,.1f} of the {offered:,.0f} turns/s offered ({rate / offered:.0%})"
+        )
         for name, m in turns.items():
             print(f"  {name}: {m.describe()}")
+            # CPU per turn: comparable across commits and machines' load, saturated or not
+            per_turn = m.cpu / max(s.turns, 1) * 1e3
+            gc_share = (m.young + m.full_seconds) / max(m.cpu, 1e-9)
+            print(f"    {name} CPU per turn {per_turn:,.2f} ms ({gc_share:.0%} of it in GC)")
         print_errors(s.errors, [])
         self.start = time.perf_counter()  # the soak starts now
 

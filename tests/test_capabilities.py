@@ -189,3 +189,15 @@ async def test_a_batch_counts_against_the_message_rate() -> None:
                         refs.append(x["ref"])
         assert refs == [b["seq"] for b in batch] + [last]  # every one answered, in order
         assert trio.current_time() - start > 0.7
+
+
+def test_a_big_batch_is_acked_once() -> None:
+    """Reaching ACK_EVERY several times in one frame queues one ack, the highest."""
+    from vrt._wire.endpoint import ACK_EVERY
+
+    client, server = opened()
+    for i in range(3 * ACK_EVERY + 5):
+        server.send(m.TextDeltaMessage, turn_id="t_1", text=str(i))
+    client.receive("[" + ",".join(server.take_outbox()) + "]")
+    acks = [f for f in sent(client) if f["type"] == "ack"]
+    assert acks == [{"type": "ack", "seq": 3 * ACK_EVERY}]  # one, not three

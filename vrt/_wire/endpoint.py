@@ -53,6 +53,8 @@ class Endpoint:
         self.max_frame: int | None = None
         """The largest frame the peer takes (characters: the codec writes ASCII); None: any."""
         self._ack_sent = 0
+        self._ack_queued: tuple[int, str] | None = None
+        """The outbox's last ack (index, frame), while not taken: a later one replaces it."""
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class Endpoint:
     def take_outbox(self) -> list[str]:
         """The frames queued since the last call, in order."""
         frames, self.outbox = self.outbox, []
+        self._ack_queued = None
         return frames
 
     # -- receiving --------------------------------------------------------------------------------
@@ -146,5 +149,14 @@ class Endpoint:
         if not self.ack_due:
             return False
         self._ack_sent = self.received_seq
-        self.outbox.append(codec.encode(m.Ack(seq=self.received_seq)))
+        frame = codec.encode(m.Ack(seq=self.received_seq))
+        outbox, queued = self.outbox, self._ack_queued
+        if queued is not None and queued[0] < len(outbox) and outbox[queued[0]] is queued[1]:
+            # One ack still waits to be written (a batch of hundreds of messages reaches
+            # ACK_EVERY several times): the newer one says all it said, in its place.
+            outbox[queued[0]] = frame
+            self._ack_queued = (queued[0], frame)
+            return True
+        self._ack_queued = (len(outbox), frame)
+        outbox.append(frame)
         return True
