@@ -40,6 +40,8 @@ class Turn:
         self.epoch = epoch
         self._machine = TURN.new()
         self._scope = trio.CancelScope()
+        self._stopped = False
+        """The scope was cancelled (a plain flag: read once per model event)."""
         self._calls: list[Call] = []  # every call of the turn, in call order
         self._open: dict[str, Call] = {}  # calls not yet final
         self._refused: set[str] = set()  # calls failed over a session limit: deltas dropped
@@ -70,6 +72,7 @@ class Turn:
         for call in list(self._open.values()):
             call.interrupt()
         self._scope.cancel()
+        self._stopped = True
 
     async def wait(self) -> TurnResult:
         """Wait for the turn to end and return its result.
@@ -178,7 +181,6 @@ class Turn:
             else contextlib.nullcontext(stream)
         )
         pace = session.pace
-        scope = self._scope
         async with closing:
             async for event in stream:
                 if pace is not None:  # the transport is behind: wait for the peer
@@ -187,7 +189,7 @@ class Turn:
                 # had already completed; the model can then yield buffered events without a
                 # checkpoint: drop them. Two attribute reads, not a checkpoint_if_cancelled
                 # per event (it looks up the task and its cancel status: ~6% of a call).
-                if scope.cancel_called or session.state == "closed":
+                if self._stopped or session.closed:
                     await trio.lowlevel.checkpoint()  # raises Cancelled
                 if isinstance(event, CallDelta):
                     call = calls.get(event.call_id)
