@@ -724,9 +724,10 @@ class Printer:
             f"{self.args.think:g} s)"
         )
         print_turns(s, f"{s.connected:,} sessions", wall)
-        rate = s.turns / max(wall, 1e-9)
+        wanted = self.args.sessions * self.args.turns
         print(
-            f"  completed {rate:,.1f} of the {offered:,.0f} turns/s offered ({rate / offered:.0%})"
+            f"  completed {s.turns:,} of the {wanted:,} turns offered (the rate above is "
+            "bounded by the think times and the last session's tail, not by the server)"
         )
         for name, m in turns.items():
             print(f"  {name}: {m.describe()}")

@@ -50,25 +50,6 @@ class Subscription(trio.abc.ReceiveChannel[T]):
         self._burst = 0
         return await self._channel.receive()
 
-    async def __anext__(self) -> T:
-        # receive() inlined: one coroutine a step, not two (trio's __anext__ awaits receive)
-        if self._burst < BURST:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                event = self._channel.receive_nowait()
-            except trio.WouldBlock:
-                pass
-            except trio.EndOfChannel:
-                raise StopAsyncIteration from None
-            else:
-                self._burst += 1
-                return event
-        self._burst = 0
-        try:
-            return await self._channel.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-
     def close(self) -> None:
         """Stop receiving; the session drops this subscriber at its next event."""
         self._channel.close()
