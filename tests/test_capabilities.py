@@ -9,6 +9,7 @@ its own, frames hold several messages, and a batch counts against the message ra
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -201,3 +202,35 @@ def test_a_big_batch_is_acked_once() -> None:
     client.receive("[" + ",".join(server.take_outbox()) + "]")
     acks = [f for f in sent(client) if f["type"] == "ack"]
     assert acks == [{"type": "ack", "seq": 3 * ACK_EVERY}]  # one, not three
+
+
+def test_a_batch_over_the_limit_is_not_read() -> None:
+    """A frame of tens of thousands of tiny messages would hold the server's thread: past
+    BATCH_MESSAGES the batch is refused whole, with one error, and the session goes on."""
+    _client, server = opened()
+    items = [{"type": "dance", "seq": 2 + i} for i in range(m.BATCH_MESSAGES + 1)]
+    assert server.receive(json.dumps(items)) == []
+    (error,) = sent(server)
+    assert error["code"] == "BAD_MESSAGE" and "at most 100 messages" in error["message"]
+    fits = [{"type": "input", "seq": 2 + i, "text": "x"} for i in range(m.BATCH_MESSAGES)]
+    assert len(server.receive(json.dumps(fits))) == m.BATCH_MESSAGES
+    assert server.state == "open"
+
+
+async def test_the_writer_puts_at_most_batch_messages_in_a_frame() -> None:
+    from vrt._net.pumps import send_frames
+
+    class Socket:
+        def __init__(self) -> None:
+            self.frames: list[str] = []
+
+        async def send_message(self, frame: str) -> None:
+            self.frames.append(frame)
+
+    send, receive = trio.open_memory_channel[str](math.inf)
+    for i in range(250):
+        send.send_nowait(json.dumps({"type": "text.delta", "seq": i + 1}))
+    send.close()
+    ws = Socket()
+    assert await send_frames(receive, ws, batch=1 << 20)
+    assert [len(json.loads(f)) for f in ws.frames] == [100, 100, 50]

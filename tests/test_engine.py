@@ -829,3 +829,24 @@ async def test_an_interrupted_models_stream_is_closed_by_the_engine_not_the_gc()
             result = await turn.wait()
     assert result.status == "interrupted"
     assert len(closed) == 1 and closed[0] - interrupted_at < 0.1  # at once, in the unwinding
+
+
+async def test_previews_only_for_those_that_take_them() -> None:
+    """subscribe(previews=False) gets every event but the legacy previews; a subscriber
+    that wants them gets one after every phase; when nobody wants them none is built."""
+    script = agent([vrt.call("weather", {"city": "Oslo"}, chunks=2)], [vrt.say("ok")])
+    async with vrt.open_session(script) as session:
+        assert not session.previews_watched
+        async with session.subscribe(previews=False) as plain:
+            assert session.watched and not session.previews_watched
+            async with session.subscribe() as full:
+                assert session.previews_watched
+                turn = await session.start_turn("go")
+                await turn.wait()
+                session.close()
+                with_previews = [e async for e in full]
+            without = [e async for e in plain]
+    streams = [e for e in with_previews if isinstance(e, vrt.ToolStream)]
+    previews = [e for e in with_previews if isinstance(e, vrt.ToolPreview)]
+    assert len(previews) == len(streams) == 6
+    assert without == [e for e in with_previews if not isinstance(e, vrt.ToolPreview)]

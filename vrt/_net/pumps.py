@@ -10,6 +10,8 @@ from typing import Any, NoReturn
 import trio
 from trio_websocket import ConnectionClosed
 
+from vrt._wire import messages as m
+
 log = logging.getLogger("vrt")
 
 CANCEL_GRACE = 0.25
@@ -55,7 +57,8 @@ async def send_frames(
     The one writer of a connection, so frames leave in the order they were queued. Frames
     already queued go out without a scheduler pass each (a pass per frame cost ~10 us).
     ``batch`` (``batch-v1``): the largest frame the peer takes; the messages already
-    queued when the writer runs go out as one JSON array of at most that size (it never
+    queued when the writer runs go out as one JSON array of at most that size and
+    :data:`~vrt._wire.messages.BATCH_MESSAGES` messages (it never
     waits for more, so a batch adds no latency), a message alone as itself.
     ``first_alone``: the first frame is never batched (the server's ``welcome``, which
     tells the client batches may follow).
@@ -77,8 +80,8 @@ async def send_frames(
                 return True
         group: list[str] | None = None
         if batch and not first:
-            size = len(frame) + 2
-            while True:
+            size, count = len(frame) + 2, 1
+            while count < m.BATCH_MESSAGES:
                 try:
                     more = frames.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
@@ -90,6 +93,7 @@ async def send_frames(
                 if group is None:
                     group = [frame]
                 group.append(more)
+                count += 1
         first = False
         try:
             await ws.send_message(frame if group is None else "[" + ",".join(group) + "]")

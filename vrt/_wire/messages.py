@@ -18,6 +18,10 @@ BATCH_V1 = "batch-v1"
 LOCAL_PREVIEW_V1 = "local-preview-v1"
 """The client derives ``tool.preview`` from ``tool.stream``: none on the wire (with
 ``tool-stream-v1`` only)."""
+BATCH_MESSAGES = 100
+"""The most messages one batch holds in this implementation: both Python writers stay
+under it, and the server reads no further (a frame of tiny messages would otherwise hold
+tens of thousands, each handled before the server's thread does anything else)."""
 CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1, BATCH_V1, LOCAL_PREVIEW_V1)
 """What both Python sides support and offer by default."""
 LEGACY: tuple[str, ...] = (TOOL_STREAM_V1,)

@@ -106,6 +106,13 @@ class ServerProtocol(Endpoint):
         if not items:
             self.error(m.BAD_MESSAGE, "a batch must hold at least one message")
             return []
+        if len(items) > m.BATCH_MESSAGES:
+            self.error(
+                m.BAD_MESSAGE,
+                f"a batch holds at most {m.BATCH_MESSAGES} messages: the {len(items)} of this "
+                f"one were not read",
+            )
+            return []
         self.frame_messages = len(items)
         out: list[Any] = []
         for item in items:
