@@ -17,25 +17,56 @@ Hypothesis draws instead (:class:`Chooser`), is the fuzzing slice of the test su
   truncated JSON, duplicated keys, garbage around the object, no object at all; lists
   grown and frames padded to just under, at and over ``max_message_size``; and seq games
   (replays, 0, negative, gaps, huge).
-* **Cases.** A case is one frame delivered to a core. Cases come in sequences of up to 11
-  frames to a fresh core: for the server, a few frames before ``hello``, a ``hello``
-  (mostly valid), then frames inside the session; for the client, after its own
-  ``hello``, a ``welcome`` (mostly valid) and server frames, with the app's own actions
-  (run and answer the next app call, interrupt, input) in between.
+* **Capabilities and batches.** About 42% of hellos offer ``batch-v1`` (and some
+  ``local-preview-v1``, ``tool-stream-v1`` and unknown ones); a fifth of the server cores
+  support only ``tool-stream-v1``. Welcomes grant ``batch-v1`` and ``local-preview-v1``
+  about as often, to client cores most of which offered every capability (some only
+  ``tool-stream-v1``, or nothing). Once ``batch-v1`` is negotiated, a third of the frames
+  are batches (:meth:`Frames.batch`): arrays of 1 to 5 messages, each valid or with small
+  mutations, sometimes an item that is no message (``1``, ``null``, ``[]``, ``{}``...), a
+  ``close`` (server) or ``closed`` (client) before the last, the array's text or bytes
+  mutated; now and then an empty array, or one of 100, 101, 150 or 400 messages (inputs,
+  replays, acks). Arrays also go, rarely, where no batch may: before ``hello`` and in
+  sessions without ``batch-v1``.
+* **Cases.** A case is one frame delivered to a core (a batch is one case). Cases come in
+  sequences of up to 11 frames to a fresh core: for the server, a few frames before
+  ``hello``, a ``hello`` (mostly valid), then frames inside the session; for the client,
+  after its own ``hello``, a ``welcome`` (mostly valid) and server frames, with the app's
+  own actions (run and answer the next app call, interrupt, input) in between.
 * **Checks.** Every frame a core queues must decode against its type's schema (the codec
   itself; also jsonschema with ``--oracle``), carry no traceback, and be numbered as
-  PROTOCOL.md says; an ``error`` has a known code and a message of at most 500
-  characters; the server returns at most one message, of a type its state allows, and
-  nothing after ``closed``; neither core's acks ever claim more than was sent. After each
-  sequence the core must still work: a valid ``input`` (server) or ``text.delta``
-  (client) with the next seq is accepted, and an ack of everything sent empties the
+  PROTOCOL.md says; an ``error`` has a known code and a message of at most 500 characters;
+  the server returns at most one message a frame (a batch: one a message), of a type its
+  state allows, and nothing after ``closed``; neither core's acks ever claim more than was
+  sent. A welcome's capabilities are the intersection of the hello's and the server's, and
+  each core batches exactly when that intersection holds ``batch-v1``. An array where no
+  batch may be, or anything else that is no object, is ``BAD_MESSAGE`` "a frame must be a
+  JSON object". A batch over the size limit is ``TOO_LARGE``, an empty one ``BAD_MESSAGE``
+  (on the client, its report "an empty batch"), one of over ``BATCH_MESSAGES`` (100)
+  messages one ``BAD_MESSAGE`` with none of it read (server). Any other batch must do
+  exactly what its messages would have done alone, in order: a copy of the driver taken
+  before the frame (its twin) is given them one by one, each checked as a frame of its own
+  (an item that is no object as ``null``, whose error then reads "a batch's message must be
+  a JSON object"), and the batch must return the same messages or events, queue the same
+  frames (acks: the same highest) and leave the core in the same state; the server's
+  ``frame_messages`` must be the batch's length (1 for any other frame), and after a
+  ``closed`` the client must read no further (PROTOCOL.md: it is final). With
+  ``local-preview-v1`` (and ``tool-stream-v1``) each ``ToolPreview`` must follow the
+  ``ToolStream`` event of its call it was made from, and a wire ``tool.preview`` give none;
+  without it, previews come from ``tool.preview`` frames only. After each sequence the core
+  must still work: a valid ``input`` (server) or ``text.delta`` (client) with the next seq
+  (with ``batch-v1``, in a batch) is accepted, and an ack of everything sent empties the
   replay buffer. With ``--oracle`` each frame's expected verdict (``TOO_LARGE``,
   ``BAD_JSON``, ``BAD_MESSAGE``, ``UNKNOWN_TYPE``, silently dropped, accepted) is worked out
-  independently, from ``json`` and jsonschema, and compared.
+  independently, from ``json`` and jsonschema, and compared; for a batch, each message's in
+  the twin, with the state the messages before it left.
 
 It prints how many cases ended in each outcome, how many escaped with an exception or broke
 a check (both should be 0, with the first examples shown otherwise), how many took over
-100 ms, and cases per second.
+100 ms, and cases per second; then how many sessions negotiated ``batch-v1`` and local
+previews, how many batches were read and the outcome of each of their messages (as if it
+had come alone), and the known deviations seen (reported, not yet fixed: counted on their
+own line, not as broken checks).
 """
 
 from __future__ import annotations
@@ -251,6 +282,31 @@ TURN_IDS = ("turn_1", "turn_2")
 RESULT_CODES = ("INTERRUPTED", "REJECTED", "INVALID", "TIMEOUT", "FAILED")
 PHASES = ("start", "arguments-delta", "arguments-complete", "progress", "settled", "cancelled")
 SEQ_PLANS = ("next", "next", "next", "next", "next", "replay", "zero", "old", "gap", "huge")
+OFFERS = (
+    (m.TOOL_STREAM_V1, 50),
+    (m.BATCH_V1, 60),
+    (m.LOCAL_PREVIEW_V1, 40),
+    ("tool-stream-v2", 20),
+    ("x-future", 20),
+)
+"""What a hello's capabilities offer, each with its chance in percent (a hello has a list
+70% of the time: batch-v1 is offered in about 42% of hellos)."""
+GRANTS = ((m.TOOL_STREAM_V1, 80), (m.BATCH_V1, 45), (m.LOCAL_PREVIEW_V1, 35), ("x-future", 5))
+"""What a welcome's capabilities grant, each with its chance in percent."""
+SERVER_SUPPORTS = (m.CAPABILITIES,) * 4 + (m.LEGACY,)
+"""What a fuzzed server core supports (``ServerProtocol(capabilities=)``)."""
+CLIENT_OFFERS = (m.CAPABILITIES,) * 6 + (m.LEGACY, (m.TOOL_STREAM_V1, m.BATCH_V1), ())
+"""What a fuzzed client core offers (``ClientProtocol(capabilities=)``)."""
+BATCH_SIZES = (1, 1, 2, 2, 3, 3, 4, 5)
+LONG_BATCHES = (100, 101, 101, 150, 400)
+"""Batches at and over :data:`vrt._wire.messages.BATCH_MESSAGES`, the server's bound."""
+CLIENT_LONG_BATCHES = (100, 101, 150)
+"""The client has no such bound: it reads every message of these (twice, with its twin)."""
+EMPTY_BATCHES = ("[]", "[ ]", "[\n]")
+ODD_ITEMS = ("1", "null", "true", '"input"', "0.5", '""', "[]", "{}", "[{}]", '[{"seq":1}]')
+"""Items of a batch that are no message (``{}`` is an object, of no type)."""
+NOT_OBJECT = "a frame must be a JSON object"
+NOT_OBJECT_ITEM = "a batch's message must be a JSON object"
 
 
 # -- the generator -------------------------------------------------------------------------------
@@ -313,8 +369,7 @@ class Frames:
         c = self.c
         data: Data = {"type": "hello", "seq": seq, "protocol": "vrt/1"}
         if c.chance(70):
-            offered = ("tool-stream-v1", "tool-stream-v2", "x-future")
-            data["capabilities"] = [o for o in offered if c.chance(50)]
+            data["capabilities"] = [o for o, percent in OFFERS if c.chance(percent)]
         if c.chance(60):
             names = [n for n in TOOL_NAMES if c.chance(30)]
             data["tools"] = [
@@ -366,7 +421,7 @@ class Frames:
                 sessionId="s_fuzz",
                 resumeToken="tok",
                 epoch=epoch,
-                capabilities=["tool-stream-v1"] if c.chance(80) else [],
+                capabilities=[g for g, percent in GRANTS if c.chance(percent)],
                 resumed=c.chance(5),
                 lastSeq=c.integer(0, 2),
             )
@@ -459,6 +514,66 @@ class Frames:
         if self.c.chance(50):
             return self.valid(data)
         return self.mutant(data)
+
+    # -- batches (batch-v1) -----------------------------------------------------------------------
+
+    def batch(
+        self,
+        message: Callable[[str | None], Data],
+        ending: str,
+        filler: str,
+        long: Sequence[int] = LONG_BATCHES,
+    ) -> Frame:
+        """A frame of ``batch-v1``: a JSON array of 1 to 5 messages, each valid or mutated
+        (``message(type)`` makes the next, of a random type for None); sometimes with items
+        that are not messages, the session's end (``ending``: ``close`` or ``closed``) before
+        the last, the frame itself mutated; rarely empty, or of one of the ``long`` lengths
+        (``filler``'s type, consecutive seqs or replays; acks of 0)."""
+        c = self.c
+        self.ascii = c.chance(40)
+        kind = c.integer(0, 99)
+        if kind < 4:
+            return c.pick(EMPTY_BATCHES)
+        if kind < 7:
+            count, plan = c.pick(long), c.pick((filler, filler, "replays", "ack"))
+            if plan == "ack":
+                items = ['{"type":"ack","seq":0}'] * count
+            else:
+                first = message(filler)
+                step = int(plan != "replays")
+                items = [
+                    self.render({**first, "seq": first["seq"] + i * step}) for i in range(count)
+                ]
+            return "[" + ",".join(items) + "]"
+        size = c.pick(BATCH_SIZES)
+        end = c.integer(0, size - 2) if size > 1 and c.chance(12) else None
+        parts = [self.item(message(ending if i == end else None)) for i in range(size)]
+        if c.chance(12):
+            parts.insert(c.integer(0, len(parts)), c.pick(ODD_ITEMS))
+        text = "[" + c.pick((",", ", ", ",\n")).join(parts) + "]"
+        frame: Frame = text
+        if c.chance(8):
+            frame = text = c.pick(_TEXT_OPS)(self, text)
+        if c.chance(5):
+            frame = c.pick(_BYTE_OPS)(self, text)
+        if not self.raw_surrogates and isinstance(frame, str) and len(frame) > self.max_size // 4:
+            frame = frame.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return frame
+
+    def item(self, data: Data) -> str:
+        """One message of a batch as JSON text: valid, or changed by one or two small
+        mutations of the object (rarely of its text too: the frame may then not parse, or
+        hold an array where a message should be)."""
+        c = self.c
+        if c.chance(60):
+            return self.render(data)
+        raw: dict[str, str] = {}
+        for _ in range(c.pick((1, 1, 2))):
+            c.pick(_ITEM_OPS)(self, data, raw)
+        text = self.render(data, raw)
+        if c.chance(5):
+            text = c.pick((Frames.truncate, Frames.wrap, Frames.insert))(self, text)
+        return text
 
     # -- mutants ----------------------------------------------------------------------------------
 
@@ -688,24 +803,21 @@ class Frames:
 
 # Small mutations are three times as likely as the ones that make frames near the limit
 # (their JSON takes milliseconds to write and to read).
-_OBJECT_OPS: tuple[Callable[[Frames, Data, dict[str, str]], None], ...] = (
-    *(
-        Frames.drop,
-        Frames.add,
-        Frames.rename,
-        Frames.retype,
-        Frames.numbers,
-        Frames.tokens,
-        Frames.retype_message,
-        Frames.seq_games,
-        Frames.parts,
-    )
-    * 3,
-    Frames.nest,
-    Frames.nest,
-    Frames.grow,
-    Frames.oversize,
+_SMALL_OPS: tuple[Callable[[Frames, Data, dict[str, str]], None], ...] = (
+    Frames.drop,
+    Frames.add,
+    Frames.rename,
+    Frames.retype,
+    Frames.numbers,
+    Frames.tokens,
+    Frames.retype_message,
+    Frames.seq_games,
+    Frames.parts,
 )
+_OBJECT_OPS = (*_SMALL_OPS * 3, Frames.nest, Frames.nest, Frames.grow, Frames.oversize)
+_ITEM_OPS = _SMALL_OPS
+"""A batch's messages get only the small mutations: the frame around them stays small (the
+frame itself may still be padded to the limit)."""
 _TEXT_OPS: tuple[Callable[[Frames, str], str], ...] = (
     *(Frames.truncate, Frames.wrap, Frames.duplicate_key, Frames.insert, Frames.replace) * 2,
     Frames.pad,
@@ -758,16 +870,71 @@ def _not_json(token: str) -> Any:
     raise ValueError(token)
 
 
-def verdict(frame: Frame, allowed: Sequence[str], max_size: int | None = None) -> Verdict:
-    """The oracle: how PROTOCOL.md says a frame must be answered, before any state."""
-    if max_size is not None:
-        size = len(frame.encode("utf-8", "surrogatepass") if isinstance(frame, str) else frame)
-        if size > max_size:
-            return Verdict(m.TOO_LARGE)
+NOT_JSON: Any = object()
+"""What :func:`parse_frame` returns for a frame that is not JSON."""
+OBJECT: Any = object()
+"""A frame not parsed, which :func:`opens_object` says is an object or not JSON."""
+
+
+def parse_frame(frame: Frame) -> Any:
+    """A frame's JSON value, as PROTOCOL.md reads it (no ``NaN``), or :data:`NOT_JSON`."""
     try:
-        data = json.loads(frame, parse_constant=_not_json)
+        return json.loads(frame, parse_constant=_not_json)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return NOT_JSON
+
+
+def opens_object(frame: Frame) -> bool:
+    """Whether a text frame's JSON opens with ``{`` (it is then an object, or not JSON)."""
+    if not isinstance(frame, str):
+        return False  # some other encoding, perhaps: parse it
+    at = _SPACE.match(frame).end()
+    return frame[at : at + 1] == "{"
+
+
+def oversize(frame: Frame, limit: int) -> bool:
+    """Whether a frame is over ``limit`` in UTF-8 bytes (a lone surrogate counts 3)."""
+    if len(frame) <= limit // 4:
+        return False
+    return len(frame.encode("utf-8", "surrogatepass") if isinstance(frame, str) else frame) > limit
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_ITEM_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
+def item_texts(frame: Frame) -> list[str]:
+    """The JSON text of each item of a frame that parses to an array, exactly as it came
+    (``1e400`` stays ``1e400``: a value re-encoded would not)."""
+    text = (
+        frame
+        if isinstance(frame, str)
+        else frame.decode(json.detect_encoding(frame), "surrogatepass")
+    )
+    at = _SPACE.match(text, _SPACE.match(text).end() + 1).end()  # past "["
+    items: list[str] = []
+    while text[at] != "]":
+        _, end = _ITEM_DECODER.raw_decode(text, at)
+        items.append(text[at:end])
+        at = _SPACE.match(text, end).end()
+        if text[at] == ",":
+            at = _SPACE.match(text, at + 1).end()
+    return items
+
+
+def verdict(frame: Frame, allowed: Sequence[str], max_size: int | None = None) -> Verdict:
+    """The oracle: how PROTOCOL.md says a frame must be answered, before any state (an
+    array, the frame of a batch, is refused here: see :func:`verdict_of` for its items)."""
+    if max_size is not None and oversize(frame, max_size):
+        return Verdict(m.TOO_LARGE)
+    data = parse_frame(frame)
+    if data is NOT_JSON:
         return Verdict(m.BAD_JSON)
+    return verdict_of(data, allowed)
+
+
+def verdict_of(data: Any, allowed: Sequence[str]) -> Verdict:
+    """The oracle for one parsed message (a frame's, or one of a batch)."""
     if not isinstance(data, dict):
         return Verdict(m.BAD_MESSAGE)
     seq = data.get("seq")
@@ -827,14 +994,21 @@ def shown(items: Sequence[Any]) -> str:
 
 def seq_in(frame: Frame) -> int | None:
     """The seq a frame carries, as a core numbers it (None if it has no usable one)."""
-    try:
-        data = json.loads(frame, parse_constant=_not_json)
-    except (ValueError, RecursionError):
-        return None
+    return seq_of(parse_frame(frame))
+
+
+def seq_of(data: Any) -> int | None:
+    """The seq of one parsed message, as a core numbers it (None if it has no usable one)."""
     seq = data.get("seq") if isinstance(data, dict) else None
     if type(seq) is float and seq.is_integer():
         seq = int(seq)
     return seq if type(seq) is int else None
+
+
+def seqs_in(value: Any) -> list[int]:
+    """The usable seqs of a parsed frame: its message's, or each of a batch's."""
+    found = (seq_of(item) for item in value) if type(value) is list else (seq_of(value),)
+    return [seq for seq in found if seq is not None]
 
 
 @contextlib.contextmanager
@@ -877,6 +1051,18 @@ class Driver:
         self.acked = 0
         """The last ack from the core."""
         self.closed = False
+        self.negotiated: tuple[str, ...] | None = None
+        """The session's capabilities once welcomed, as PROTOCOL.md negotiates them: the
+        intersection of what the hello offered and the other side supports."""
+        self.batching = False
+        """``batch-v1`` was negotiated: an array is a batch."""
+        self.local_previews = False
+        """``local-preview-v1`` was negotiated with ``tool-stream-v1``."""
+        self.batches = 0
+        """Frames read as batches (not counting the probe's)."""
+        self.items: Counter[str] = Counter()
+        """The outcome of each message of those batches, as if it had come alone."""
+        self.probing = False
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` (a core's receive, or an app action), timed; an exception escapes as
@@ -937,27 +1123,39 @@ class ServerDriver(Driver):
         self,
         max_message_size: int = MAX_MESSAGE_SIZE,
         *,
+        capabilities: Sequence[str] = m.CAPABILITIES,
         oracle: bool = False,
         time_limit: float | None = None,
         hang: float | None = None,
     ) -> None:
         super().__init__(oracle=oracle, time_limit=time_limit, hang=hang)
         self.max_size = max_message_size
+        self.supported = tuple(capabilities)
         self.proto = ServerProtocol(
             session_id="s_fuzz",
             resume_token="tok",
             server_tools=SERVER_TOOLS,
+            capabilities=self.supported,
             max_message_size=max_message_size,
         )
+        self.got: list[Any] = []
+        """What the last frame returned."""
+        self.replies: list[Data] = []
+        """What the server sent for the last frame, acks left out."""
+        self.acks: list[int] = []
+        """The seqs of the acks it sent for the last frame."""
 
     def feed(self, frame: Frame) -> str:
         """Deliver one frame; check everything; return its outcome."""
         proto = self.proto
         state, received, sent_before = proto.state, proto.received_seq, proto.sent_seq
         self.last = frame
+        value = parse_frame(frame)
+        batch = state == "open" and self.batching and type(value) is list
+        read = batch and 0 < len(value) <= m.BATCH_MESSAGES and not oversize(frame, self.max_size)
+        twin = copy.deepcopy(self) if read else None  # this driver as it was before the frame
         got = self.call("ServerProtocol.receive", lambda: proto.receive(frame))
-        seq = seq_in(frame)
-        if seq is not None:
+        for seq in seqs_in(value):
             self.peer_seq = max(self.peer_seq, seq)
         sent = proto.take_outbox()
         types = [json.loads(f)["type"] for f in sent]
@@ -972,8 +1170,11 @@ class ServerDriver(Driver):
                 in_session = True
             out.append(self.check_frame(answer, m.SERVER_TYPES, in_session))
         replies = [f for f in out if f["type"] != "ack"]
+        self.got, self.replies = got, replies
+        self.acks = [f["seq"] for f in out if f["type"] == "ack"]
         what = f"{short(frame)} in state {state}: returned {shown(got)}, sent {shown(replies)}"
-        expect(isinstance(got, list) and len(got) <= 1, what)
+        most = len(value) if batch else 1
+        expect(isinstance(got, list) and len(got) <= most, what)
         expect(proto.acked_by_peer <= proto.sent_seq, f"acked beyond sent after {what}")
         expect(len(proto.replay) <= proto.replay_limit, f"replay over its bound after {what}")
         expect(
@@ -985,16 +1186,107 @@ class ServerDriver(Driver):
         if state == "closed":
             expect(not got and not out, f"anything after closed: {what}")
             return "silent (after closed)"
+        if welcome < len(sent):
+            self._welcomed(value, out[welcome], what)
+        carried = len(value) if read else 1
+        expect(proto.frame_messages == carried, f"frame_messages {proto.frame_messages}: {what}")
+        if batch:
+            return self._batch(frame, value, twin, received, got, replies, what)
         self._check_shape(state, received, got, replies, what)
+        if (
+            value is not NOT_JSON
+            and not isinstance(value, dict)
+            and not oversize(frame, self.max_size)
+        ):
+            # An array without batch-v1 (or before the welcome), or no object at all
+            answer = [(r["type"], r["code"], r.get("ref"), r["message"]) for r in replies]
+            expect(not got and answer == [("error", m.BAD_MESSAGE, None, NOT_OBJECT)], what)
         if self.oracle:
             self._check_verdict(frame, state, received, got, replies, what, sent_before)
         if replies and replies[-1]["type"] == "closed":
-            return f"closed {replies[-1]['reason']}"
-        if replies and replies[0]["type"] == "error":
-            return f"error {replies[0]['code']}"
+            outcome = f"closed {replies[-1]['reason']}"
+        elif replies and replies[0]["type"] == "error":
+            outcome = f"error {replies[0]['code']}"
+        elif got:
+            outcome = f"accepted {got[0].TYPE}"
+        else:
+            outcome = "silent (replay or ack)"
+        return f"array, not a batch: {outcome}" if type(value) is list else outcome
+
+    def _welcomed(self, hello: Any, welcome: Data, what: str) -> None:
+        """The session began: its capabilities are the intersection (PROTOCOL.md)."""
+        offered = hello.get("capabilities", []) if isinstance(hello, dict) else []
+        granted = welcome["capabilities"]
+        expected = set(offered) & set(self.supported)
+        expect(
+            len(set(granted)) == len(granted) and set(granted) == expected,
+            f"capabilities {granted} for {offered}, supporting {self.supported}: {what}",
+        )
+        self.negotiated = tuple(granted)
+        self.batching = m.BATCH_V1 in granted
+        self.local_previews = m.LOCAL_PREVIEW_V1 in granted and m.TOOL_STREAM_V1 in granted
+        expect(self.proto.batching == self.batching, f"batching {self.proto.batching}: {what}")
+
+    def _batch(
+        self,
+        frame: Frame,
+        items: list[Any],
+        twin: ServerDriver | None,
+        received: int,
+        got: list[Any],
+        replies: list[Data],
+        what: str,
+    ) -> str:
+        """A batch (``batch-v1``): refused whole (over the size limit, empty, over
+        :data:`~vrt._wire.messages.BATCH_MESSAGES` messages), or each message handled in
+        order exactly as if it had come alone: the twin (this driver before the frame) is
+        given them one by one, each checked as a frame of its own (and by the oracle), and
+        the batch must have done what they did, once its ``close`` ended it."""
+        proto = self.proto
+        answer = [(r["type"], r.get("code"), r.get("ref")) for r in replies]
+        if oversize(frame, self.max_size):
+            expect(not got and answer == [("error", m.TOO_LARGE, None)], f"batch: {what}")
+            return "batch: error TOO_LARGE"
+        if twin is None:  # refused whole: none of it read
+            expect(not got and answer == [("error", m.BAD_MESSAGE, None)], f"batch: {what}")
+            expect(proto.received_seq == received, f"a batch refused, yet read: {what}")
+            text = replies[0]["message"]
+            if not items:
+                expect(text == "a batch must hold at least one message", f"{text!r}: {what}")
+                return "batch: refused, empty"
+            expect(f"at most {m.BATCH_MESSAGES} messages" in text, f"{text!r}: {what}")
+            return f"batch: refused, over {m.BATCH_MESSAGES} messages"
+        alone_got: list[Any] = []
+        alone_replies: list[Data] = []
+        alone_acks: list[int] = []
+        for item, text in zip(items, item_texts(frame), strict=True):
+            # An array alone would be a batch: an item that is no object is given as null.
+            outcome = twin.feed(text if isinstance(item, dict) else "null")
+            if not isinstance(item, dict):
+                outcome = f"not a message: {outcome}"
+                for reply in twin.replies:
+                    if reply.get("message") == NOT_OBJECT:
+                        reply["message"] = NOT_OBJECT_ITEM
+            if not self.probing:
+                self.items[outcome] += 1
+            alone_got += twin.got
+            alone_replies += twin.replies
+            alone_acks += twin.acks
+        if not self.probing:
+            self.batches += 1
+        where = f"{what}; alone: returned {shown(alone_got)}, sent {shown(alone_replies)}"
+        expect(got == alone_got, f"a batch returned otherwise: {where}")
+        expect(replies == alone_replies, f"a batch answered otherwise: {where}")
+        expect(max(self.acks, default=0) == max(alone_acks, default=0), f"acks: {where}")
+        state = (proto.state, proto.received_seq, proto.sent_seq, proto.acked_by_peer)
+        t = twin.proto
+        expect(state == (t.state, t.received_seq, t.sent_seq, t.acked_by_peer), where)
+        errors = any(r["type"] == "error" for r in replies)
+        if replies and replies[-1]["type"] == "closed":
+            return "batch: closed client"
         if got:
-            return f"accepted {got[0].TYPE}"
-        return "silent (replay or ack)"
+            return "batch: accepted and errors" if errors else "batch: accepted"
+        return "batch: errors only" if errors else "batch: silent (replays or acks)"
 
     def _check_shape(
         self, state: str, received: int, got: list[Any], replies: list[Data], what: str
@@ -1068,7 +1360,8 @@ class ServerDriver(Driver):
     def probe(self) -> None:
         """The session still works: a valid ``input`` with the next seq is taken (after a
         valid ``hello`` if the handshake is not over), then an ack of everything sent
-        empties the replay buffer. A closed core stays silent."""
+        empties the replay buffer (with batch-v1 both in one batch). A closed core stays
+        silent."""
         proto = self.proto
         if proto.state == "closed":
             outcome = self.feed('{"type":"input","seq":1,"text":"x"}')
@@ -1080,11 +1373,19 @@ class ServerDriver(Driver):
             expect(outcome == "accepted hello" and proto.state == "open", f"probe: {outcome}")
         seq = proto.received_seq + 1
         sent = proto.sent_seq
-        outcome = self.feed(json.dumps({"type": "input", "seq": seq, "text": "probe"}))
-        expect(outcome == "accepted input", f"probe input {seq}: {outcome}")
-        expect(proto.sent_seq == sent, "probe input answered")
-        outcome = self.feed(json.dumps({"type": "ack", "seq": proto.sent_seq}))
-        expect(outcome.startswith("silent"), f"probe ack: {outcome}")
+        data = {"type": "input", "seq": seq, "text": "probe"}
+        if self.batching:
+            self.probing = True
+            outcome = self.feed(json.dumps([data, {"type": "ack", "seq": sent}]))
+            self.probing = False
+            expect(outcome == "batch: accepted", f"probe batch {seq}: {outcome}")
+            expect(proto.sent_seq == sent, "probe input answered")
+        else:
+            outcome = self.feed(json.dumps(data))
+            expect(outcome == "accepted input", f"probe input {seq}: {outcome}")
+            expect(proto.sent_seq == sent, "probe input answered")
+            outcome = self.feed(json.dumps({"type": "ack", "seq": proto.sent_seq}))
+            expect(outcome.startswith("silent"), f"probe ack: {outcome}")
         expect(not proto.replay and proto.acked_by_peer == proto.sent_seq, "probe ack: kept")
 
 
@@ -1092,11 +1393,21 @@ class ClientDriver(Driver):
     """A :class:`ClientProtocol` (after its ``hello``) fed server frames and app actions."""
 
     def __init__(
-        self, *, oracle: bool = False, time_limit: float | None = None, hang: float | None = None
+        self,
+        *,
+        capabilities: Sequence[str] = m.CAPABILITIES,
+        oracle: bool = False,
+        time_limit: float | None = None,
+        hang: float | None = None,
     ) -> None:
         super().__init__(oracle=oracle, time_limit=time_limit, hang=hang)
         tools = [m.ToolDecl(name="edit", description="", parameters={"type": "object"})]
-        self.proto = ClientProtocol(tools)
+        self.offered = tuple(capabilities)
+        self.proto = ClientProtocol(tools, self.offered)
+        self.got: list[Any] = []
+        """What the last frame returned."""
+        self.sent: list[Data] = []
+        """The frames the client queued for the last frame or action."""
         self.proto.hello()
         self.drain()
         self.server_seq = 0
@@ -1104,17 +1415,24 @@ class ClientDriver(Driver):
 
     def drain(self) -> None:
         """Check every frame the client queued (the client numbers all but its acks)."""
+        self.sent = []
         for frame in self.proto.take_outbox():
             self.peer_seq = self.proto.received_seq  # what its acks may acknowledge
-            self.check_frame(frame, m.CLIENT_TYPES, True)
+            self.sent.append(self.check_frame(frame, m.CLIENT_TYPES, True))
 
     def feed(self, frame: Frame) -> str:
         """Deliver one server frame; check everything; return its outcome."""
         proto = self.proto
         received = proto.received_seq
         self.last = frame
+        # Parsed here only if it may be no object (parsing every frame would cost a third
+        # more); a frame that opens with "{" is an object or not JSON.
+        value = OBJECT if opens_object(frame) else parse_frame(frame)
+        batch = self.batching and type(value) is list
+        twin = copy.deepcopy(self) if batch and value else None  # this driver before the frame
         got = self.call("ClientProtocol.receive", lambda: proto.receive(frame))
         self.drain()
+        self.got = got
         what = f"{short(frame)}: returned {shown(got)}"
         expect(isinstance(got, list), what)
         for item in got:
@@ -1125,8 +1443,16 @@ class ClientDriver(Driver):
                 expect(item.code in ERROR_CODES and len(item.message) <= ERROR_LIMIT, what)
                 for mark in TRACEBACK_MARKS:
                     expect(mark not in item.message, what)
+            if isinstance(item, Welcomed) and not item.resumed:
+                self._welcomed(item, what)
         self.check_state(what)
         expect(proto.received_seq >= received, f"received seq went back: {what}")
+        if batch:
+            return self._batch(frame, value, twin, got, what)
+        self._check_previews(value, got, what)
+        if value is not NOT_JSON and value is not OBJECT and not isinstance(value, dict):
+            # An array without batch-v1 (or before the welcome), or no object at all
+            expect(got == [_local(m.BAD_MESSAGE, NOT_OBJECT)] and not self.sent, what)
         if self.oracle:
             v = verdict(frame, SERVER_TYPE_NAMES)
             if v.code is not None:
@@ -1135,13 +1461,120 @@ class ClientDriver(Driver):
             elif v.type != "ack" and v.seq is not None and 0 < v.seq <= received:
                 expect(got == [], f"a replay taken: {what}")
         if not got:
-            return "silent (replay, ack or dropped)"
-        first = got[0]
-        if isinstance(first, m.Error) and first.message.startswith("from the server:"):
-            return f"local error {first.code}"
+            outcome = "silent (replay, ack or dropped)"
+        elif isinstance(got[0], m.Error) and got[0].message.startswith("from the server:"):
+            outcome = f"local error {got[0].code}"
+        elif any(isinstance(g, vrt.Closed) for g in got):
+            outcome = "closed"
+        else:
+            outcome = f"event {type(got[0]).__name__}"
+        return f"array, not a batch: {outcome}" if type(value) is list else outcome
+
+    def _welcomed(self, event: Welcomed, what: str) -> None:
+        """The session began: its capabilities are the intersection of what the client
+        offered and the welcome granted (PROTOCOL.md)."""
+        self.negotiated = tuple(c for c in event.capabilities if c in self.offered)
+        self.batching = m.BATCH_V1 in self.negotiated
+        self.local_previews = (
+            m.LOCAL_PREVIEW_V1 in self.negotiated and m.TOOL_STREAM_V1 in self.negotiated
+        )
+        proto = self.proto
+        expect(
+            (proto.batching, proto.local_previews) == (self.batching, self.local_previews),
+            f"the client's capabilities {event.capabilities} against the intersection: {what}",
+        )
+
+    def _check_previews(self, value: Any, got: list[Any], what: str) -> None:
+        """Legacy previews: with local-preview-v1 each is made right after a ``tool.stream``
+        event of its call (and a wire ``tool.preview`` is dropped); without it they come
+        from ``tool.preview`` frames only."""
+        if not any(isinstance(event, vrt.ToolPreview) for event in got):
+            return
+        if value is OBJECT:
+            value = parse_frame(self.last)
+        kind = value.get("type") if isinstance(value, dict) else None
+        for i, event in enumerate(got):
+            if not isinstance(event, vrt.ToolPreview):
+                continue
+            if not self.local_previews:
+                expect(kind == "tool.preview" and len(got) == 1, f"a preview made: {what}")
+                continue
+            before = got[i - 1] if i else None
+            expect(
+                kind == "tool.stream"
+                and isinstance(before, vrt.ToolStream)
+                and (before.call_id, before.turn_id, before.name)
+                == (event.call_id, event.turn_id, event.name),
+                f"a preview not made from its tool.stream (local-preview-v1): {what}",
+            )
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """What a batch must leave the client as its messages alone would."""
+        p = self.proto
+        return (
+            p.received_seq,
+            p.sent_seq,
+            p.acked_by_peer,
+            p.epoch,
+            p.connection.state,
+            tuple(p.queue),
+            p.running,
+            tuple(p.views),
+        )
+
+    def _batch(
+        self, frame: Frame, items: list[Any], twin: ClientDriver | None, got: list[Any], what: str
+    ) -> str:
+        """A batch from the server (``batch-v1``): an empty one is reported, the others read
+        in order, each message as if it had come alone (the twin, this driver before the
+        frame, is given them one by one, each checked as a frame of its own). ``closed`` is
+        final (PROTOCOL.md): what follows it in the batch is not read (by the Python client,
+        the frames that follow a ``closed`` are not)."""
+        sent = [f for f in self.sent if f["type"] != "ack"]
+        if twin is None:
+            expect(got == [_local(m.BAD_MESSAGE, "an empty batch")] and not sent, what)
+            return "batch: empty"
+        pieces: list[tuple[list[Any], list[Data], int, tuple[Any, ...]]] = []
+        for item, text in zip(items, item_texts(frame), strict=True):
+            # An array alone would be a batch: an item that is no object is given as null.
+            outcome = twin.feed(text if isinstance(item, dict) else "null")
+            events = list(twin.got)
+            if not isinstance(item, dict):
+                outcome = f"not a message: {outcome}"
+                events = [
+                    _local(m.BAD_MESSAGE, NOT_OBJECT_ITEM)
+                    if e == _local(m.BAD_MESSAGE, NOT_OBJECT)
+                    else e
+                    for e in events
+                ]
+            if not self.probing:
+                self.items[outcome] += 1
+            acks = [f["seq"] for f in twin.sent if f["type"] == "ack"]
+            frames = [f for f in twin.sent if f["type"] != "ack"]
+            pieces.append((events, frames, max(acks, default=0), twin.snapshot()))
+        if not self.probing:
+            self.batches += 1
+
+        def alone(upto: int) -> tuple[Any, ...]:
+            part = pieces[: upto + 1]
+            events = [e for p in part for e in p[0]]
+            return events, [f for p in part for f in p[1]], max(p[2] for p in part), part[-1][3]
+
+        closes = (i for i, p in enumerate(pieces) if any(isinstance(e, vrt.Closed) for e in p[0]))
+        end = next(closes, len(pieces) - 1)
+        acked = max((f["seq"] for f in self.sent if f["type"] == "ack"), default=0)
+        actual = (got, sent, acked, self.snapshot())
+        expected = alone(end)
+        expect(
+            actual == expected,
+            f"{what}; alone up to closed: {shown(expected[0])}, sent {shown(expected[1])}",
+        )
         if any(isinstance(g, vrt.Closed) for g in got):
-            return "closed"
-        return f"event {type(first).__name__}"
+            return "batch: closed"
+        local = [isinstance(g, m.Error) and g.message.startswith("from the server:") for g in got]
+        if not got:
+            return "batch: silent (replays, acks or dropped)"
+        return "batch: local errors only" if all(local) else "batch: events"
 
     def check_state(self, what: str) -> None:
         proto = self.proto
@@ -1177,16 +1610,23 @@ class ClientDriver(Driver):
         return action
 
     def probe(self) -> None:
-        """The client still works: a ``text.delta`` with the next seq is handed on, and an
-        ack of everything it sent empties its replay buffer."""
+        """The client still works: a ``text.delta`` with the next seq (with batch-v1, a
+        batch of it) is handed on, and an ack of everything it sent empties its replay
+        buffer."""
         proto = self.proto
         seq = proto.received_seq + 1
-        frame = json.dumps({"type": "text.delta", "seq": seq, "turnId": "t", "text": "probe"})
+        delta = {"type": "text.delta", "seq": seq, "turnId": "t", "text": "probe"}
+        frame = json.dumps([delta] if self.batching else delta)
         got = self.call("receive", lambda: proto.receive(frame))
         expect(got == [vrt.TextDelta(turn_id="t", text="probe")], f"probe: {shown(got)}")
         self.drain()
         self.feed(json.dumps({"type": "ack", "seq": proto.sent_seq}))
         expect(not proto.replay and proto.acked_by_peer == proto.sent_seq, "probe ack: kept")
+
+
+def _local(code: str, text: str) -> m.Error:
+    """The client's own report of a broken server frame."""
+    return m.Error(seq=0, code=code, message=f"from the server: {text}")
 
 
 # -- sequences -----------------------------------------------------------------------------------
@@ -1196,20 +1636,36 @@ def server_sequence(
     c: Chooser, frames: Frames, driver: ServerDriver, count: Callable[[str], None]
 ) -> None:
     """One sequence to a fresh server core: frames before ``hello``, a ``hello``, frames in
-    the session; ``count`` gets each frame's outcome. Ends with :meth:`ServerDriver.probe`."""
+    the session (with batch-v1, a third of them batches); ``count`` gets each frame's
+    outcome. Ends with :meth:`ServerDriver.probe`."""
     proto = driver.proto
+    weights = ("input",) * 4 + ("interrupt", "tool.result", "confirm.reply", "ack", "hello")
 
     def frame_of(type_: str) -> Frame:
         seq = next_seq(c, driver.peer_seq)
         data = frames.client_message(type_, seq, proto.sent_seq)
         return frames.frame(data)
 
+    def batch() -> Frame:
+        last = driver.peer_seq
+
+        def message(type_: str | None) -> Data:
+            nonlocal last
+            seq = next_seq(c, last)
+            last = max(last, seq)
+            type_ = type_ or ("close" if c.chance(3) else c.pick(weights))
+            return frames.client_message(type_, seq, proto.sent_seq)
+
+        return frames.batch(message, "close", "input")
+
     for _ in range(c.pick((0, 0, 0, 1, 2))):
-        count(driver.feed(frame_of(c.pick(CLIENT_TYPE_NAMES))))
+        count(driver.feed(batch() if c.chance(5) else frame_of(c.pick(CLIENT_TYPE_NAMES))))
     hello = frames.hello(c.pick((1, 1, 1, 0, 2, 7)))
     count(driver.feed(frames.valid(hello) if c.chance(80) else frames.mutant(hello)))
-    weights = ("input",) * 4 + ("interrupt", "tool.result", "confirm.reply", "ack", "hello")
     for _ in range(c.integer(1, 8)):
+        if c.chance(35 if driver.batching else 3):  # arrays without batch-v1 too
+            count(driver.feed(batch()))
+            continue
         type_ = "close" if c.chance(3) else c.pick(weights)
         count(driver.feed(frame_of(type_)))
     driver.probe()
@@ -1219,24 +1675,34 @@ def client_sequence(
     c: Chooser, frames: Frames, driver: ClientDriver, count: Callable[[str], None]
 ) -> None:
     """One sequence to a client core that sent its ``hello``: a ``welcome`` (mostly valid),
-    server frames and app actions; ends with :meth:`ClientDriver.probe`."""
+    server frames (with batch-v1, a third of them batches) and app actions; ends with
+    :meth:`ClientDriver.probe`."""
     proto = driver.proto
+    weights = ("tool.stream",) * 4 + ("tool.call",) * 2 + SERVER_TYPE_NAMES
 
-    def frame_of(type_: str) -> Frame:
+    def message(type_: str | None) -> Data:
+        type_ = type_ or c.pick(weights)
         seq = next_seq(c, driver.server_seq)
         if type_ == "ack":
             seq = 0
         else:
             driver.server_seq = max(driver.server_seq, seq)
-        data = frames.server_message(type_, seq, proto.epoch, proto.sent_seq)
-        return frames.frame(data)
+        return frames.server_message(type_, seq, proto.epoch, proto.sent_seq)
+
+    def batch() -> Frame:
+        frame = frames.batch(message, "closed", "text.delta", CLIENT_LONG_BATCHES)
+        seqs = [s for s in seqs_in(parse_frame(frame)) if s <= 2**53]  # a long batch's too
+        driver.server_seq = max([driver.server_seq, *seqs])
+        return frame
 
     welcome = frames.server_message("welcome", 1, 0, 0)
     driver.server_seq = 1
     count(driver.feed(frames.valid(welcome) if c.chance(85) else frames.mutant(welcome)))
-    weights = ("tool.stream",) * 4 + ("tool.call",) * 2 + SERVER_TYPE_NAMES
     for _ in range(c.integer(1, 10)):
-        count(driver.feed(frame_of(c.pick(weights))))
+        if c.chance(35 if driver.batching else 3):  # arrays without batch-v1 too
+            count(driver.feed(batch()))
+        else:
+            count(driver.feed(frames.frame(message(c.pick(weights)))))
         if c.chance(30):
             driver.act(c)
     driver.probe()
@@ -1260,6 +1726,11 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     quirks: Counter[str] = field(default_factory=Counter)
     wall: float = 0.0
+    sessions: Counter[str] = field(default_factory=Counter)
+    """Sequences welcomed, and with which capabilities."""
+    batches: int = 0
+    items: Counter[str] = field(default_factory=Counter)
+    """The outcome of each message of the batches read, as if it had come alone."""
 
     @property
     def escaped(self) -> int:
@@ -1291,9 +1762,10 @@ def run(
         tally.sequences += 1
         driver: ServerDriver | ClientDriver
         if core == "server":
-            driver = ServerDriver(max_message_size, oracle=oracle, hang=hang)
+            supports = c.pick(SERVER_SUPPORTS)
+            driver = ServerDriver(max_message_size, capabilities=supports, oracle=oracle, hang=hang)
         else:
-            driver = ClientDriver(oracle=oracle, hang=hang)
+            driver = ClientDriver(capabilities=c.pick(CLIENT_OFFERS), oracle=oracle, hang=hang)
 
         def count(outcome: str, driver: Driver = driver) -> None:
             tally.cases += 1
@@ -1327,6 +1799,12 @@ def run(
                     where = f" (at {tb.filename.split('/vrt/')[-1]}:{tb.lineno})"
                 tally.failures.append(f"{label}{where}: {exc}"[:600])
         tally.quirks += driver.quirks
+        tally.batches += driver.batches
+        tally.items += driver.items
+        if driver.negotiated is not None:
+            tally.sessions["welcomed"] += 1
+            tally.sessions["batch-v1"] += driver.batching
+            tally.sessions["local previews"] += driver.local_previews
     tally.wall = time.perf_counter() - started
     return tally
 
@@ -1352,6 +1830,20 @@ def report(args: argparse.Namespace, tallies: list[Tally]) -> None:
             f"  still working after their sequence: {tally.probes:,} of "
             f"{tally.sequences:,} sequences"
         )
+        sessions = tally.sessions
+        print(
+            f"  sessions welcomed: {sessions['welcomed']:,}, with batch-v1 "
+            f"{sessions['batch-v1']:,}, with local previews (local-preview-v1 and "
+            f"tool-stream-v1) {sessions['local previews']:,}"
+        )
+        items = sum(tally.items.values())
+        print(
+            f"  batches read: {tally.batches:,} frames, {items:,} messages in them, each as "
+            f"if it had come alone:"
+        )
+        width = max((len(k) for k in tally.items), default=0)
+        for outcome, n in sorted(tally.items.items()):
+            print(f"    {outcome:<{width}}  {n:>8,}  {n / items:6.1%}")
         for quirk, n in tally.quirks.items():
             print(f"  known deviation, reported: {quirk} ({n:,} times)")
         for failure in tally.failures:

@@ -234,3 +234,40 @@ async def test_the_writer_puts_at_most_batch_messages_in_a_frame() -> None:
     ws = Socket()
     assert await send_frames(receive, ws, batch=1 << 20)
     assert [len(json.loads(f)) for f in ws.frames] == [100, 100, 50]
+
+
+def test_the_client_keeps_only_what_it_offered() -> None:
+    """A (broken) server granting batch-v1 to a client that never offered it: not used."""
+    client = ClientProtocol([], m.LEGACY)
+    client.hello()
+    client.take_outbox()
+    welcome = {"type": "welcome", "seq": 1, "sessionId": "s", "resumeToken": "t", "epoch": 0,
+               "capabilities": list(m.CAPABILITIES), "resumed": False, "lastSeq": 1}  # fmt: skip
+    (welcomed,) = client.receive(json.dumps(welcome))
+    assert welcomed.capabilities == client.capabilities == m.LEGACY
+    assert not client.batching and not client.local_previews
+    (error,) = client.receive(json.dumps([{"type": "text.delta", "seq": 2, "turnId": "t",
+                                           "text": "x"}]))  # fmt: skip
+    assert error.code == m.BAD_MESSAGE and "must be a JSON object" in error.message
+
+
+def test_nothing_after_closed_in_a_batch_is_read() -> None:
+    client, _server = opened()
+    frame = [
+        {"type": "closed", "seq": 2, "reason": "server"},
+        {"type": "text.delta", "seq": 3, "turnId": "t", "text": "after"},
+        {"type": "tool.call", "seq": 4, "callId": "c1", "turnId": "t", "epoch": 1,
+         "name": "edit", "arguments": {}},
+    ]  # fmt: skip
+    events = client.receive(json.dumps(frame))
+    assert [type(e).__name__ for e in events] == ["Closed"]
+    assert client.received_seq == 2 and client.take_outbox() == []
+
+
+def test_a_refused_frame_counts_as_one_message() -> None:
+    server = ServerProtocol(session_id="s", resume_token="t", server_tools=[], max_message_size=100)
+    server.receive('{"type":"hello","seq":1,"protocol":"vrt/1","capabilities":["batch-v1"]}')
+    server.receive('[{"type":"input","seq":2,"text":"a"},{"type":"input","seq":3,"text":"b"}]')
+    assert server.frame_messages == 2
+    server.receive('{"type":"input","seq":4,"text":"' + "x" * 100 + '"}')  # TOO_LARGE
+    assert server.frame_messages == 1

@@ -287,7 +287,10 @@ class ClientProtocol(Endpoint):
                 ]
             out: list[Any] = []
             for item in data:
-                out.extend(self._message(item, "a batch's message"))
+                shown = self._message(item, "a batch's message")
+                out.extend(shown)
+                if shown and type(shown[-1]) is Closed:
+                    break  # ``closed`` is the last word: nothing after it is read
             return out
         return self._message(data, "a frame")
 
@@ -327,10 +330,14 @@ class ClientProtocol(Endpoint):
             return [m.Error(seq=0, code=m.BAD_STATE, message="from the server: a second welcome")]
         self.connection.send("welcome")
         self.session_id, self.resume_token = msg.session_id, msg.resume_token
-        self.capabilities, self.epoch = msg.capabilities, max(self.epoch, msg.epoch)
-        self.batching = m.BATCH_V1 in msg.capabilities
-        self.local_previews = m.local_previews(msg.capabilities)
-        return [Welcomed(session_id=msg.session_id, capabilities=msg.capabilities)]
+        # The intersection, as the protocol says: a server that grants what was never
+        # offered (a broken one) does not switch on what this client did not ask for.
+        offered = self.offered
+        caps = tuple(c for c in msg.capabilities if c in offered)
+        self.capabilities, self.epoch = caps, max(self.epoch, msg.epoch)
+        self.batching = m.BATCH_V1 in caps
+        self.local_previews = m.local_previews(caps)
+        return [Welcomed(session_id=msg.session_id, capabilities=caps)]
 
     def _on_turn_started(self, msg: m.TurnStartedMessage) -> list[Any]:
         self.epoch = max(self.epoch, msg.epoch)

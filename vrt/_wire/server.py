@@ -80,6 +80,7 @@ class ServerProtocol(Endpoint):
         if self.state in ("closed", "detached"):
             return []
         in_session = self.state == "open"
+        self.frame_messages = 1
         if len(frame) > self.max_message_size // 4:  # a character is at most 4 bytes
             # surrogatepass: a lone surrogate (possible in memory, never on a socket) counts
             # 3 bytes instead of raising
@@ -91,7 +92,6 @@ class ServerProtocol(Endpoint):
                     numbered=in_session,
                 )
                 return []
-        self.frame_messages = 1
         try:
             data = codec.parse(frame)
         except codec.DecodeError as exc:
