@@ -99,11 +99,17 @@ def _parser() -> argparse.ArgumentParser:
         "diagrams",
         help="write the machines' diagrams (Mermaid and SVG), or check they are current",
         description="Write diagrams/<machine>.mmd (Mermaid), diagrams/<machine>.svg "
-        "(Graphviz) and diagrams/README.md from the classes in machines/. With --check, "
+        "(Graphviz), diagrams/README.md and vrt/web/machines.js (the browser client's "
+        "tables) from the classes in machines/. With --check, "
         "write nothing: exit 1 and name every stale or missing file.",
     )
     diagrams.add_argument("--check", action="store_true", help="only check, exit 1 if stale")
     diagrams.add_argument("--dir", default="diagrams", help="folder (default: %(default)s)")
+    diagrams.add_argument(
+        "--web-dir",
+        default=str(Path(__file__).resolve().parent.parent / "web"),
+        help="the browser client's folder, for machines.js (default: the package's vrt/web)",
+    )
     diagrams.set_defaults(handler=_diagrams)
 
     check = commands.add_parser(
@@ -124,10 +130,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _diagrams(args: argparse.Namespace) -> int:
     from vrt._cli import diagrams as _diagrams
+    from vrt._cli import webtables
 
     folder = Path(args.dir)
+    web = Path(args.web_dir)
     if args.check:
-        problems = _diagrams.check(folder)
+        problems = _diagrams.check(folder) + webtables.check(web)
         for problem in problems:
             print(f"vrt diagrams --check: {problem}", file=sys.stderr)
         if problems:
@@ -138,7 +146,8 @@ def _diagrams(args: argparse.Namespace) -> int:
     except _diagrams.DiagramError as exc:
         print(f"vrt diagrams: {exc}", file=sys.stderr)
         return 1
-    print(f"vrt diagrams: wrote {len(written)} files in {folder}/")
+    machines_js = webtables.write(web)
+    print(f"vrt diagrams: wrote {len(written)} files in {folder}/ and {machines_js}")
     return 0
 
 
