@@ -7,9 +7,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import h11
 import pytest
+import trio
 
+import vrt
 from vrt._cli import main, webtables
 from vrt._core.tables import Table
 
@@ -85,3 +89,75 @@ def test_node_runs_the_same_tables() -> None:
         assert answers.pop("__initial") == table.initial
         assert set(answers.pop("__finals")) == set(table.finals)
         assert answers == _python_answers(table), name
+
+
+# -- the HTTP front --------------------------------------------------------------------------
+
+
+async def http(
+    server: Any, request: bytes, method: str = "GET"
+) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP/1.1 exchange with ``server``: status, headers, body (to the close)."""
+    with trio.fail_after(10):
+        async with await trio.open_tcp_stream(server.host, server.port) as stream:
+            await stream.send_all(request)
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method=method, target="/", headers=[("host", "x")]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    response = conn.next_event()
+    assert isinstance(response, h11.Response), response
+    headers = {k.decode(): v.decode() for k, v in response.headers}
+    body = b""
+    while isinstance(event := conn.next_event(), h11.Data):
+        body += event.data
+    return response.status_code, headers, body
+
+
+def get(path: str, *extra: str, method: str = "GET") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *extra, "", ""]
+    return "\r\n".join(lines).encode()
+
+
+AGENT = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]]))
+
+
+async def test_the_front_serves_the_web_files_and_nothing_else(vrt_serve: Any) -> None:
+    server = await vrt_serve(AGENT)
+    status, headers, body = await http(server, get("/machines.js"))
+    assert status == 200 and body == (webtables.WEB / "machines.js").read_bytes()
+    assert headers["content-type"] == "text/javascript; charset=utf-8"
+    assert headers["x-content-type-options"] == "nosniff"
+    etag = headers["etag"]
+    assert etag.startswith('"') and len(etag) == 34
+    status, headers, body = await http(server, get("/machines.js", f"If-None-Match: {etag}"))
+    assert (status, body, headers["etag"]) == (304, b"", etag)
+    status, headers, body = await http(server, get("/machines.js?v=2", method="HEAD"), "HEAD")
+    assert status == 200 and body == b"" and headers["etag"] == etag
+    for path in ("/", "/web/", "/../machines.js", "/vrt/web/machines.js", "/index.html"):
+        status, _, _ = await http(server, get(path))
+        assert status == 404, path
+    status, headers, _ = await http(server, get("/machines.js", method="POST"))
+    assert (status, headers["allow"]) == (405, "GET, HEAD")
+    status, _, _ = await http(server, get("/x" * 9000))  # a head over 16 KiB
+    assert status == 431
+
+
+async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) -> None:
+    async def nobody(request: vrt.HandshakeRequest) -> Any:
+        return None  # refuse every upgrade
+
+    server = await vrt_serve(AGENT, authenticate=nobody)
+    status, _, _ = await http(server, get("/machines.js"))
+    assert status == 200  # the files are public: authenticate is about sessions
+    with pytest.raises(vrt.RemoteProtocolError) as refused:
+        async with vrt.connect(server.url):
+            pass
+    assert refused.value.code == "HTTP_401"
+    open_server = await vrt_serve(AGENT)
+    async with vrt.connect(open_server.url) as client:  # an upgrade still gets through
+        assert client.capabilities

@@ -41,6 +41,12 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         self.gone = False
         """The peer closed, or the connection broke."""
         self.aborted = False
+        self._unread = b""
+
+    def unread(self, data: bytes) -> None:
+        """Put ``data`` back: the next read returns it first (the HTTP front read a
+        WebSocket upgrade's head that trio-websocket must now read)."""
+        self._unread = data + self._unread
 
     def _left(self) -> None:
         self.gone = True
@@ -49,6 +55,11 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             callback()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._unread:
+            size = len(self._unread) if max_bytes is None else max_bytes
+            data, self._unread = self._unread[:size], self._unread[size:]
+            await trio.lowlevel.checkpoint()
+            return data
         try:
             data = await self.stream.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -23,6 +23,7 @@ from trio_websocket import (
 
 from vrt._net.accept import GuardedStream
 from vrt._net.options import Options
+from vrt._net.web import front
 
 log = logging.getLogger("vrt.server")
 
@@ -68,8 +69,15 @@ async def upgrade(
     """Read and check the upgrade request on ``stream``; the connection and the principal
     once it is accepted, None once it is refused (an HTTP status was sent) or the peer left.
 
-    trio-websocket's reader runs in ``nursery`` for the connection's whole life.
+    trio-websocket's reader runs in ``nursery`` for the connection's whole life. A plain
+    HTTP request is answered by the front first (the browser client's files, or 404):
+    None then too.
     """
+    try:
+        if await front(stream):
+            return None
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return None
     limit = min(HELLO_LIMIT, options.max_message_size)
     request = await wrap_server_stream(nursery, stream, max_message_size=limit)
     admitted, principal = await check_upgrade(options, request)

@@ -1,0 +1,135 @@
+"""The HTTP front of ``vrt.serve``'s port: the browser client's files, and nothing else.
+
+A connection's request head is read here first (h11, bounded in bytes; the caller's
+handshake deadline bounds it in time). A WebSocket upgrade is handed back, bytes
+untouched, to trio-websocket, where ``allowed_origins`` and ``authenticate`` check it
+exactly as before. Any other request is answered here and the connection closed:
+``GET``/``HEAD`` of ``/vrt.js``, ``/vrt.d.ts`` or ``/machines.js`` (the files of
+``vrt/web``, with an ETag and ``304`` for a matching ``If-None-Match``), ``404`` for any
+other path (no listing, no other file), ``405`` for another method.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+
+import h11
+import trio
+
+from vrt._net.accept import GuardedStream
+
+log = logging.getLogger("vrt.server")
+
+WEB_FILES = {
+    "/vrt.js": ("vrt.js", "text/javascript; charset=utf-8"),
+    "/vrt.d.ts": ("vrt.d.ts", "text/plain; charset=utf-8"),
+    "/machines.js": ("machines.js", "text/javascript; charset=utf-8"),
+}
+"""Every path the front serves: the file in ``vrt/web`` and its content type."""
+
+HEAD_LIMIT = 16 * 1024
+"""The largest request head read (bytes): past it, ``431`` and the connection closed."""
+
+
+@functools.cache
+def _file(name: str) -> tuple[bytes, str] | None:
+    """A file of ``vrt/web`` and its ETag, read once (package data: it does not change)."""
+    from importlib import resources
+
+    try:
+        body = resources.files("vrt").joinpath("web", name).read_bytes()
+    except FileNotFoundError:
+        return None
+    return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+async def front(stream: GuardedStream) -> bool:
+    """Read the request head on ``stream``: True if it was answered here (the caller
+    closes the connection), False if it is a WebSocket upgrade, put back for trio-websocket
+    to read. Raises ``trio.BrokenResourceError`` if the peer goes."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+    seen = bytearray()
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            # Not HTTP, or a head over HEAD_LIMIT: let trio-websocket refuse what it
+            # refuses today, except an oversize head, which is ours to answer.
+            if len(seen) > HEAD_LIMIT:
+                await _send(stream, 431, b"request header fields too large", ())
+                return True
+            log.debug("not an HTTP request head: %s", exc)
+            stream.unread(bytes(seen))
+            return False
+        if len(seen) > HEAD_LIMIT:  # h11 parses a head that came whole, however long
+            await _send(stream, 431, b"request header fields too large", ())
+            return True
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(4096)
+            if not data:
+                stream.unread(bytes(seen))
+                return False
+            seen += data
+            conn.receive_data(bytes(data))
+            continue
+        break
+    if not isinstance(event, h11.Request):
+        stream.unread(bytes(seen))
+        return False
+    headers = {k.lower(): v for k, v in event.headers}
+    if b"websocket" in headers.get(b"upgrade", b"").lower():
+        stream.unread(bytes(seen))  # the upgrade: trio-websocket reads it from the start
+        return False
+    method = event.method.upper()
+    path = event.target.split(b"?", 1)[0].decode("latin-1")
+    entry = WEB_FILES.get(path)
+    found = _file(entry[0]) if entry is not None else None
+    if method not in (b"GET", b"HEAD"):
+        await _send(stream, 405, b"method not allowed", ((b"allow", b"GET, HEAD"),))
+    elif entry is None or found is None:
+        await _send(stream, 404, b"not found", ())
+    else:
+        body, etag = found
+        tagged = ((b"etag", etag.encode()), (b"cache-control", b"no-cache"))
+        if headers.get(b"if-none-match", b"").decode("latin-1") in (etag, "*"):
+            await _send(stream, 304, b"", tagged, content_type=None)
+        else:
+            await _send(
+                stream,
+                200,
+                body if method == b"GET" else b"",
+                tagged,
+                content_type=entry[1],
+                length=len(body),
+            )
+    return True
+
+
+async def _send(
+    stream: GuardedStream,
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...],
+    *,
+    content_type: str | None = "text/plain; charset=utf-8",
+    length: int | None = None,
+) -> None:
+    """One whole response, then the connection is the caller's to close."""
+    fields = [*headers, (b"connection", b"close"), (b"x-content-type-options", b"nosniff")]
+    if content_type is not None:
+        fields.append((b"content-type", content_type.encode()))
+    if status != 304:
+        fields.append((b"content-length", str(len(body) if length is None else length).encode()))
+    response = h11.Response(status_code=status, headers=fields)
+    conn = h11.Connection(h11.SERVER)
+    # h11 needs to have seen a request to write a response: a minimal one of ours
+    conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    conn.next_event()
+    data = conn.send(response) or b""
+    if body:
+        data += conn.send(h11.Data(data=body)) or b""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.send_all(data)
