@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.network  # a real browser and a server process: the first pass only
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    """``vrt serve tests.web_agent:agent --port 0``: its ws:// URL."""
+@contextmanager
+def serving(name: str) -> Iterator[str]:
+    """``vrt serve tests.web_agent:NAME --port 0``: its ws:// URL; no ERROR logged."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "vrt", "serve", "tests.web_agent:agent", "--port", "0"],
+        [sys.executable, "-m", "vrt", "serve", f"tests.web_agent:{name}", "--port", "0"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -49,22 +50,39 @@ def server() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def page(server: str) -> Iterator[Any]:
+def server() -> Iterator[str]:
+    with serving("agent") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium, headless, for the module's tests."""
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM is not None, "Debian's chromium is needed (.ci/run installs it)"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page()
-        console: list[str] = []
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-        page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-        page.goto(server.replace("ws://", "http://") + "machines.js")
-        page.wait_for_timeout(200)  # its favicon request is a 404, rightly: not counted
-        console.clear()
-        page.console = console  # type: ignore[attr-defined]
-        yield page
+        yield browser
         browser.close()
+
+
+def open_page(browser: Any, url: str) -> Any:
+    """A page of the server's origin (its machines.js), its console kept on ``console``."""
+    page = browser.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.goto(url.replace("ws://", "http://") + "machines.js")
+    page.wait_for_timeout(200)  # its favicon request is a 404, rightly: not counted
+    console.clear()
+    page.console = console
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser: Any, server: str) -> Any:
+    return open_page(browser, server)
 
 
 RUN = """async ([url, capabilities]) => {
@@ -147,3 +165,78 @@ def test_vrt_js_runs_a_turn_like_the_python_client(server: str, page: Any, offer
     expected = python_events(server, tuple(caps))
     assert got["events"] == expected
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+
+
+SCENARIO = """async ([url, scenario]) => {
+  const { connect } = await import("/vrt.js");
+  const seen = [];
+  const aborted = [];
+  const client = await connect(url, {
+    tools: [{
+      name: "edit", description: "", parameters: {type: "object"},
+      run: (args, ctx) => new Promise((resolve) => {
+        seen.push(["run", args.n]);
+        ctx.signal.addEventListener("abort", () => aborted.push([args.n, ctx.signal.reason]));
+        setTimeout(() => resolve({n: args.n}), scenario === "timeout" ? 1500 : 5000);
+        if (scenario === "interrupt") {
+          queueMicrotask(() => {
+            client.interrupt();
+            seen.push(["interrupted, epoch", client.epoch]);
+          });
+        }
+      }),
+    }],
+  });
+  for (const type of ["tool.stream", "turn.ended", "confirm.request", "error"]) {
+    client.addEventListener(type, (e) => {
+      const d = e.detail;
+      seen.push([type, d.phase ?? d.reason ?? d.code ?? d.name, d.code ?? null]);
+      if (type === "confirm.request") d.deny("not today");
+    });
+  }
+  const ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
+  await client.sendText("go");
+  await ended;
+  await new Promise((r) => setTimeout(r, scenario === "timeout" ? 1600 : 100));
+  await client.close();
+  return {seen, aborted, closed: client.closed};
+}"""
+
+
+def scenario(browser: Any, agent: str, name: str) -> dict[str, Any]:
+    with serving(agent) as url:
+        page = open_page(browser, url)
+        result: dict[str, Any] = page.evaluate(SCENARIO, [url, name])
+        assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+        page.close()
+    return result
+
+
+def test_interrupt_cancels_every_open_call_locally_at_once(browser: Any) -> None:
+    got = scenario(browser, "slow", "interrupt")
+    seen = got["seen"]
+    # the running call and the streamed second one are cancelled before anything from the
+    # server comes back; the second never runs; the running tool's signal says why
+    cut = seen.index(["interrupted, epoch", 1])
+    cancelled = [s for s in seen[:cut] if s[:2] == ["tool.stream", "cancelled"]]
+    assert len(cancelled) == 2, seen
+    assert [s for s in seen if s[0] == "run"] == [["run", 1]]
+    assert got["aborted"] == [[1, "interrupted"]]
+    assert ["turn.ended", "interrupted", None] in seen
+    assert not [s for s in seen if s[0] == "error"], seen
+    assert got["closed"] == "client"
+
+
+def test_a_confirmation_is_asked_and_denied_in_the_page(browser: Any) -> None:
+    seen = scenario(browser, "confirming", "confirm")["seen"]
+    assert ["confirm.request", "delete", None] in seen
+    settled = [s for s in seen if s[:2] == ["tool.stream", "settled"]]
+    assert settled == [["tool.stream", "settled", "REJECTED"]]
+
+
+def test_an_app_call_over_its_timeout_is_aborted_in_the_page(browser: Any) -> None:
+    got = scenario(browser, "timing_out", "timeout")
+    settled = [s for s in got["seen"] if s[:2] == ["tool.stream", "settled"]]
+    assert settled == [["tool.stream", "settled", "TIMEOUT"]]
+    assert got["aborted"] == [[9, "timeout"]]  # tool.abort reached the page's tool
+    assert not [s for s in got["seen"] if s[0] == "error"], got["seen"]  # no late result

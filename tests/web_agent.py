@@ -26,3 +26,29 @@ SCRIPT = [
 agent = vrt.define_agent(
     model=vrt.ScriptedModel(SCRIPT), tools=[lookup], client_tools="accept", max_steps=4
 )
+
+
+@vrt.server_tool(risk="high", parameters={"type": "object"})
+async def delete(args: dict[str, object], ctx: vrt.ToolContext) -> str:
+    return "deleted"
+
+
+slow = vrt.define_agent(
+    model=vrt.ScriptedModel([[vrt.call("edit", {"n": 1}), vrt.call("edit", {"n": 2})]]),
+    client_tools="accept",
+)
+"""Two app calls: the page interrupts while the first runs."""
+
+confirming = vrt.define_agent(
+    model=vrt.ScriptedModel([[vrt.call("delete", {"what": "all"})], [vrt.say("ok")]]),
+    tools=[delete],
+    before_tool_call=vrt.require_confirmation(min_risk="high"),
+)
+"""A high-risk server call that asks the page first."""
+
+timing_out = vrt.define_agent(
+    model=vrt.ScriptedModel([[vrt.call("edit", {"n": 9})], [vrt.say("late")]]),
+    client_tools="accept",
+    client_tool_timeout=0.3,
+)
+"""An app call the page answers too late."""
