@@ -145,6 +145,10 @@ async def test_the_front_serves_the_web_files_and_nothing_else(vrt_serve: Any) -
     assert (status, headers["allow"]) == (405, "GET, HEAD")
     status, _, _ = await http(server, get("/x" * 9000))  # a head over 16 KiB
     assert status == 431
+    for path, kind in (("/vrt.js", "text/javascript"), ("/vrt.d.ts", "text/plain")):
+        status, headers, body = await http(server, get(path))
+        assert status == 200 and body == (webtables.WEB / path[1:]).read_bytes(), path
+        assert headers["content-type"] == f"{kind}; charset=utf-8"
 
 
 async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) -> None:

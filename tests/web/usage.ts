@@ -1,0 +1,39 @@
+// A small typed use of vrt.js: `tsc --noEmit` checks it against vrt/web/vrt.d.ts (CI).
+import { CAPABILITIES, connect, LEGACY, type AppTool, type ToolStreamDetail } from "../../vrt/web/vrt.js";
+
+interface Edit {
+  text: string;
+  at: number;
+}
+
+const edit: AppTool<Edit, { done: boolean }> = {
+  name: "edit",
+  description: "Edit the document",
+  parameters: { type: "object", properties: { text: { type: "string" } } },
+  async run(args, ctx) {
+    if (ctx.signal.aborted) throw new Error(String(ctx.signal.reason));
+    const where: number = args.at;
+    return { done: where >= 0 && args.text.length > 0 };
+  },
+};
+
+export async function main(url: string): Promise<void> {
+  const client = await connect(url, { tools: [edit], capabilities: CAPABILITIES, resume: { timeout: 5000 } });
+  const phases: ToolStreamDetail["phase"][] = [];
+  client.addEventListener("tool.stream", (e) => {
+    phases.push(e.detail.phase);
+    if (e.detail.phase === "settled" && e.detail.ok === false) console.log(e.detail.code);
+  });
+  client.addEventListener("tool.preview", (e) => console.log(e.detail.arguments.length, e.detail.complete));
+  client.addEventListener("confirm.request", (e) => {
+    void (e.detail.risk === "high" ? e.detail.deny("no") : e.detail.approve());
+  });
+  client.addEventListener("turn.ended", (e) => console.log(e.detail.reason, e.detail.epoch));
+  client.addEventListener("closed", (e) => console.log(e.detail.reason));
+  await client.sendText("hello");
+  client.interrupt();
+  const epoch: number = client.epoch;
+  const legacy: readonly string[] = LEGACY;
+  console.log(epoch, legacy, client.capabilities, client.closed);
+  await client.close();
+}

@@ -1,0 +1,195 @@
+// TypeScript declarations for vrt.js, the browser client of vrt/1 (checked by `tsc --noEmit`
+// in CI against tests/web/usage.ts).
+
+export declare const PROTOCOL: "vrt/1";
+/** What the client offers by default: every capability it supports. */
+export declare const CAPABILITIES: readonly Capability[];
+/** The wire of one object a frame, previews on the wire. */
+export declare const LEGACY: readonly Capability[];
+
+export type Capability = "tool-stream-v1" | "batch-v1" | "local-preview-v1" | (string & {});
+export type Phase =
+  | "start"
+  | "arguments-delta"
+  | "arguments-complete"
+  | "progress"
+  | "settled"
+  | "cancelled"
+  | "failed";
+export type ResultCode = "INTERRUPTED" | "REJECTED" | "INVALID" | "TIMEOUT" | "FAILED";
+export type ClosedReason =
+  | "client"
+  | "server"
+  | "expired"
+  | "rejected"
+  | "overflow"
+  | "shutdown"
+  | "lost";
+export type AbortReason = "interrupted" | "timeout" | "aborted" | "closed";
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+/** What an app tool sees of its call. */
+export interface ToolContext {
+  callId: string;
+  turnId: string;
+  epoch: number;
+  name: string;
+  /** Aborted when the call is interrupted, times out, is aborted by the server, or the
+   * session closes; `signal.reason` is an {@link AbortReason}. */
+  signal: AbortSignal;
+}
+
+/** An app tool hosted by the page. A thrown error is FAILED; `undefined` is `output: null`. */
+export interface AppTool<Args = any, Output = unknown> {
+  name: string;
+  description?: string;
+  /** The arguments' JSON Schema, offered to the model as is. */
+  parameters: { [key: string]: Json };
+  run(args: Args, ctx: ToolContext): Output | Promise<Output>;
+}
+
+export interface ResumeOptions {
+  /** ms to get the session back after the connection dropped (default 30000). */
+  timeout?: number;
+  /** ms for one connection attempt (default 10000). */
+  connectTimeout?: number;
+  /** first retry delay in ms, doubled each try, jittered (default 100). */
+  backoff?: number;
+  /** the longest retry delay in ms (default 5000). */
+  maxBackoff?: number;
+}
+
+export interface ConnectOptions {
+  tools?: AppTool[];
+  capabilities?: readonly Capability[];
+  /** false: a lost connection ends the session (`closed` with reason "lost"). */
+  resume?: boolean | ResumeOptions;
+}
+
+/** One lifecycle event of one call (the `tool.stream` message). */
+export interface ToolStreamDetail {
+  callId: string;
+  turnId: string;
+  epoch: number;
+  name: string;
+  kind: "server" | "app";
+  phase: Phase;
+  delta?: string;
+  arguments?: Json;
+  progress?: Json;
+  ok?: boolean;
+  code?: ResultCode;
+  message?: string;
+}
+
+/** The legacy preview: the arguments' JSON text so far. */
+export interface ToolPreviewDetail {
+  callId: string;
+  turnId: string;
+  name: string;
+  arguments: string;
+  complete: boolean;
+}
+
+export interface TurnStartedDetail {
+  turnId: string;
+  epoch: number;
+}
+
+export interface TurnEndedDetail {
+  turnId: string;
+  epoch: number;
+  reason: "finished" | "interrupted" | "failed";
+}
+
+export interface TextDeltaDetail {
+  turnId: string;
+  text: string;
+}
+
+export interface ConfirmRequestDetail {
+  callId: string;
+  name: string;
+  arguments: Json;
+  risk: "low" | "medium" | "high";
+  prompt: string;
+  approve(): Promise<void>;
+  deny(reason?: string): Promise<void>;
+}
+
+export interface ErrorDetail {
+  code: string;
+  message: string;
+  ref?: number;
+}
+
+export interface SessionDetail {
+  sessionId: string | null;
+}
+
+export interface ClosedDetail {
+  reason: ClosedReason;
+}
+
+export interface ClientEventMap {
+  "tool.stream": CustomEvent<ToolStreamDetail>;
+  "tool.preview": CustomEvent<ToolPreviewDetail>;
+  "turn.started": CustomEvent<TurnStartedDetail>;
+  "turn.ended": CustomEvent<TurnEndedDetail>;
+  "text.delta": CustomEvent<TextDeltaDetail>;
+  "confirm.request": CustomEvent<ConfirmRequestDetail>;
+  error: CustomEvent<ErrorDetail>;
+  reconnecting: CustomEvent<SessionDetail>;
+  resumed: CustomEvent<SessionDetail>;
+  closed: CustomEvent<ClosedDetail>;
+}
+
+/** A refused session or a connection that could not be made. */
+export declare class VrtError extends Error {
+  code: string;
+  constructor(code: string, message: string);
+}
+
+export declare class Client extends EventTarget {
+  readonly url: string;
+  /** The negotiated capabilities (the intersection). */
+  readonly capabilities: Capability[];
+  readonly sessionId: string | null;
+  /** Raised by one on each interrupt(); adopted from the server's turns. */
+  readonly epoch: number;
+  /** Why the session ended, once it has; null while it lives. */
+  readonly closed: ClosedReason | null;
+  /** Send user input: a new turn (the server interrupts an open one first). */
+  sendText(text: string): Promise<void>;
+  /** Synchronous: epoch + 1, every open call "cancelled" locally at once, the running app
+   * tool's signal aborted, then the server told. */
+  interrupt(): void;
+  /** End the session for good. */
+  close(): Promise<void>;
+  addEventListener<K extends keyof ClientEventMap>(
+    type: K,
+    listener: (event: ClientEventMap[K]) => void,
+    options?: boolean | AddEventListenerOptions,
+  ): void;
+  addEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | AddEventListenerOptions,
+  ): void;
+  removeEventListener<K extends keyof ClientEventMap>(
+    type: K,
+    listener: (event: ClientEventMap[K]) => void,
+    options?: boolean | EventListenerOptions,
+  ): void;
+  removeEventListener(
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+    options?: boolean | EventListenerOptions,
+  ): void;
+}
+
+/** Connect and open a session; resolves once the server welcomed it. */
+export declare function connect(url: string, options?: ConnectOptions): Promise<Client>;
+
+/** Python's json.dumps of a value (how the server's engine writes arguments' text). */
+export declare function pythonJson(value: Json): string;
