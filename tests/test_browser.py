@@ -240,3 +240,71 @@ def test_an_app_call_over_its_timeout_is_aborted_in_the_page(browser: Any) -> No
     assert settled == [["tool.stream", "settled", "TIMEOUT"]]
     assert got["aborted"] == [[9, "timeout"]]  # tool.abort reached the page's tool
     assert not [s for s in got["seen"] if s[0] == "error"], got["seen"]  # no late result
+
+
+START = """async ([url]) => {
+  const { connect } = await import("/vrt.js");
+  const state = (window.vrtTest = {log: [], events: [], lifecycle: []});
+  let running;
+  const runningNow = new Promise((r) => (running = r));
+  const client = await connect(url, {
+    resume: {backoff: 50},
+    tools: [{
+      name: "edit", description: "", parameters: {type: "object"},
+      run: async (args, ctx) => {
+        state.log.push(["begin", args.n]);
+        running();
+        await new Promise((r) => setTimeout(r, 300));
+        state.log.push(["end", args.n]);
+        return {edited: args.n};
+      },
+    }],
+  });
+  for (const type of ["tool.stream", "tool.preview", "turn.started", "text.delta", "turn.ended"]) {
+    client.addEventListener(type, (e) => state.events.push([type, e.detail]));
+  }
+  for (const type of ["reconnecting", "resumed", "closed"]) {
+    client.addEventListener(type, () => state.lifecycle.push(type));
+  }
+  state.ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
+  state.client = client;
+  await client.sendText("go");
+  await runningNow;  // the first app tool runs: the test cuts the connection now
+}"""
+
+FINISH = """async () => {
+  const state = window.vrtTest;
+  await state.ended;
+  await state.client.close();
+  return {log: state.log, events: state.events, lifecycle: state.lifecycle};
+}"""
+
+
+def test_a_cut_while_an_app_tool_runs_resumes_with_nothing_lost_or_run_twice(
+    browser: Any, server: str
+) -> None:
+    port = server.rsplit(":", 1)[1].strip("/")
+    proxy = subprocess.Popen(
+        [sys.executable, "tests/web_proxy.py", port],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proxy.stdin is not None and proxy.stdout is not None
+        through = f"ws://127.0.0.1:{int(proxy.stdout.readline())}/"
+        page = open_page(browser, server)
+        page.evaluate(START, [through])
+        proxy.stdin.write(b"cut\n")
+        proxy.stdin.flush()
+        assert proxy.stdout.readline().decode().strip() == "cut 1"
+        got = page.evaluate(FINISH)
+    finally:
+        proxy.kill()
+        proxy.communicate()
+    assert got["lifecycle"] == ["reconnecting", "resumed", "closed"]
+    ran = [x[1] for x in got["log"] if x[0] == "begin"]
+    assert ran == [1, 2, 3]  # each app tool exactly once, in order, across the cut
+    expected = python_events(server, ("tool-stream-v1", "batch-v1", "local-preview-v1"))
+    assert got["events"] == expected  # the app saw what an uncut session shows
+    assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
