@@ -308,3 +308,16 @@ def test_a_cut_while_an_app_tool_runs_resumes_with_nothing_lost_or_run_twice(
     expected = python_events(server, ("tool-stream-v1", "batch-v1", "local-preview-v1"))
     assert got["events"] == expected  # the app saw what an uncut session shows
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+
+
+def test_a_page_of_another_origin_imports_the_client(browser: Any, server: str) -> None:
+    page = browser.new_page()
+    # localhost and 127.0.0.1 are two origins: the module is fetched cross-origin (CORS)
+    page.goto(server.replace("ws://127.0.0.1", "http://localhost") + "machines.js")
+    url = server.replace("ws://", "http://") + "vrt.js"
+    kinds = page.evaluate(
+        "async (url) => { const m = await import(url); return [typeof m.connect, m.PROTOCOL]; }",
+        url,
+    )
+    assert kinds == ["function", "vrt/1"]
+    page.close()

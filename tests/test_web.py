@@ -132,6 +132,7 @@ async def test_the_front_serves_the_web_files_and_nothing_else(vrt_serve: Any) -
     assert status == 200 and body == (webtables.WEB / "machines.js").read_bytes()
     assert headers["content-type"] == "text/javascript; charset=utf-8"
     assert headers["x-content-type-options"] == "nosniff"
+    assert headers["access-control-allow-origin"] == "*"  # a page of any origin imports it
     etag = headers["etag"]
     assert etag.startswith('"') and len(etag) == 34
     status, headers, body = await http(server, get("/machines.js", f"If-None-Match: {etag}"))

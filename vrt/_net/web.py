@@ -5,7 +5,8 @@ handshake deadline bounds it in time). A WebSocket upgrade is handed back, bytes
 untouched, to trio-websocket, where ``allowed_origins`` and ``authenticate`` check it
 exactly as before. Any other request is answered here and the connection closed:
 ``GET``/``HEAD`` of ``/vrt.js``, ``/vrt.d.ts`` or ``/machines.js`` (the files of
-``vrt/web``, with an ETag and ``304`` for a matching ``If-None-Match``), ``404`` for any
+``vrt/web``, with an ETag and ``304`` for a matching ``If-None-Match``, importable from any
+origin), ``404`` for any
 other path (no listing, no other file), ``405`` for another method.
 """
 
@@ -93,7 +94,13 @@ async def front(stream: GuardedStream) -> bool:
         await _send(stream, 404, b"not found", ())
     else:
         body, etag = found
-        tagged = ((b"etag", etag.encode()), (b"cache-control", b"no-cache"))
+        # Any page may import the client (a module script is fetched with CORS); who may
+        # open a session is still the upgrade's to decide (allowed_origins, authenticate).
+        tagged = (
+            (b"etag", etag.encode()),
+            (b"cache-control", b"no-cache"),
+            (b"access-control-allow-origin", b"*"),
+        )
         if headers.get(b"if-none-match", b"").decode("latin-1") in (etag, "*"):
             await _send(stream, 304, b"", tagged, content_type=None)
         else:
