@@ -26,10 +26,12 @@ pytestmark = pytest.mark.network  # a real browser and a server process: the fir
 
 
 @contextmanager
-def serving(name: str) -> Iterator[str]:
-    """``vrt serve tests.web_agent:NAME --port 0``: its ws:// URL; no ERROR logged."""
+def serving(name: str, command: tuple[str, ...] = ()) -> Iterator[str]:
+    """``vrt serve tests.web_agent:NAME --port 0`` (or ``vrt COMMAND``): its ws:// URL; no
+    ERROR logged."""
+    command = command or ("serve", f"tests.web_agent:{name}", "--port", "0")
     process = subprocess.Popen(
-        [sys.executable, "-m", "vrt", "serve", f"tests.web_agent:{name}", "--port", "0"],
+        [sys.executable, "-m", "vrt", *command],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -321,3 +323,22 @@ def test_a_page_of_another_origin_imports_the_client(browser: Any, server: str) 
     )
     assert kinds == ["function", "vrt/1"]
     page.close()
+
+
+def test_the_web_demo_page_completes_its_script(browser: Any) -> None:
+    """``vrt demo --web``: the page hosts the demo's app tools, answers its confirmations
+    and interrupts the last turn while the map draws, with no console error."""
+    with serving("", ("demo", "--web", "--port", "0", "--fast")) as url:
+        page = open_page(browser, url)
+        page.goto(url.replace("ws://", "http://") + "?autorun&scale=0.1")
+        page.wait_for_function("window.demoResult && window.demoResult.done", timeout=60_000)
+        got = page.evaluate("window.demoResult")
+        text = page.inner_text("body")
+        assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+        page.close()
+    assert got["turns"] == ["finished"] * 4 + ["interrupted"]
+    assert [r["name"] for r in got["runs"]] == [
+        "open_panel", "highlight", "scroll_to", "show_map"
+    ]  # fmt: skip
+    assert got["runs"][-1]["outcome"] == "aborted (interrupted)"
+    assert "REJECTED" in text and "INVALID" in text  # the denied insurance, the bad seat

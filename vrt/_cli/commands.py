@@ -13,11 +13,13 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
 import vrt
 from vrt import check as vrt_check
+from vrt._cli import demo_agent
 from vrt._cli.demo import FAST, run_demo
 from vrt._engine.groups import single_unwrapped
 
@@ -61,6 +63,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--fast", action="store_true", help=f"scale every delay by {FAST:g} (for tests)"
     )
+    demo.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the demo page instead: open http://127.0.0.1:PORT/ in a browser, where "
+        "the page hosts the app tools (until interrupted)",
+    )
+    demo.add_argument(
+        "--port", type=_port, default=8765, help="with --web: the port (default: %(default)s)"
+    )
     demo.set_defaults(handler=_demo)
 
     serve = commands.add_parser(
@@ -92,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
         dest="allowed_origins",
         metavar="ORIGIN",
         help="accept browser upgrades only from this Origin (repeat for more; default: any)",
+    )
+    serve.add_argument(
+        "--web",
+        action="store_true",
+        help="also serve the demo page at / (its app tools edit a document in the page)",
     )
     serve.set_defaults(handler=_serve)
 
@@ -247,6 +263,23 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    return _serve_until_interrupted(
+        agent,
+        args.host,
+        args.port,
+        args.target,
+        allowed_origins=args.allowed_origins,
+        web_demo=args.web,
+        **options,
+    )
+
+
+def _serve_until_interrupted(
+    agent: vrt.Agent, host: str, port: int, label: str, **options: Any
+) -> int:
+    """``vrt.serve`` until SIGINT/SIGTERM; prints the URL; exit status 2 for a bad port or
+    option."""
+    args = argparse.Namespace(host=host, port=port, target=label)
 
     async def run() -> None:
         # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
@@ -255,16 +288,12 @@ def _serve(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 server = await nursery.start(
-                    functools.partial(
-                        vrt.serve,
-                        agent,
-                        args.host,
-                        args.port,
-                        allowed_origins=args.allowed_origins,
-                        **options,
-                    )
+                    functools.partial(vrt.serve, agent, args.host, args.port, **options)
                 )
                 print(f"vrt serve: {args.target} on {server.url}", flush=True)
+                if options.get("web_demo"):
+                    page = server.url.replace("ws://", "http://")
+                    print(f"vrt serve: the demo page is {page}", flush=True)
                 async for _ in signals:
                     logging.getLogger("vrt.server").info("shutting down")
                     nursery.cancel_scope.cancel()  # every session gets closed(shutdown)
@@ -288,5 +317,10 @@ def _demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     color = out.isatty() and "NO_COLOR" not in os.environ
     scale = FAST if args.fast else 1.0
+    if args.web:
+        logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return _serve_until_interrupted(
+            demo_agent.agent(scale), "127.0.0.1", args.port, "the demo agent", web_demo=True
+        )
     outcome = trio.run(functools.partial(run_demo, out, scale=scale, color=color))
     return 0 if outcome.ok else 1

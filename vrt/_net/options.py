@@ -48,6 +48,8 @@ class Options:
     authenticate: Any = None
     """``async (vrt.HandshakeRequest) -> principal`` (see ``vrt.serve``), or None."""
     allowed_origins: frozenset[str] | None = None
+    web_demo: bool = False
+    """Serve the demo page at ``/`` too (``vrt demo --web``, ``vrt serve --web``)."""
 
     @property
     def high_water(self) -> int:

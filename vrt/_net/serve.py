@@ -80,15 +80,18 @@ async def serve(
     max_history_bytes: int = MAX_HISTORY_BYTES,
     authenticate: Authenticate | None = None,
     allowed_origins: Collection[str] | None = None,
+    web_demo: bool = False,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve ``agent`` over vrt/1 WebSockets until cancelled.
 
     Use ``server = await nursery.start(vrt.serve, agent, host, 0)`` to learn the real
-    port. ``capabilities`` is what this server supports (pass ``()`` to act as a server
-    without ``tool-stream-v1``). On cancellation every open session is sent ``closed``
-    with reason ``shutdown`` and its connection closed. Raises OSError at once if it cannot
-    listen (a busy port, an unknown host), ValueError for a bad option.
+    port. Plain HTTP on the same port gets the browser client (``GET /vrt.js``,
+    ``/vrt.d.ts``, ``/machines.js``); ``web_demo=True`` also serves the demo page at ``/``
+    (``vrt demo --web``). ``capabilities`` is what this server supports (pass ``()`` to
+    act as a server without ``tool-stream-v1``). On cancellation every open session is
+    sent ``closed`` with reason ``shutdown`` and its connection closed. Raises OSError at
+    once if it cannot listen (a busy port, an unknown host), ValueError for a bad option.
 
     Safety (each has a default; see the README's "Running the server safely"):
 
@@ -154,6 +157,7 @@ async def serve(
         max_history_bytes=count("max_history_bytes", max_history_bytes),
         authenticate=authenticate,
         allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
+        web_demo=web_demo,
     )
     if options.replay_limit_bytes < 2 * max_message_size:
         raise ValueError(

@@ -74,7 +74,7 @@ async def upgrade(
     None then too.
     """
     try:
-        if await front(stream):
+        if await front(stream, demo=options.web_demo):
             return None
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return None

@@ -47,10 +47,15 @@ def _file(name: str) -> tuple[bytes, str] | None:
     return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 
 
-async def front(stream: GuardedStream) -> bool:
+DEMO_FILES = {"/": ("demo.html", "text/html; charset=utf-8")}
+"""With ``web_demo``: the demo page too."""
+
+
+async def front(stream: GuardedStream, *, demo: bool = False) -> bool:
     """Read the request head on ``stream``: True if it was answered here (the caller
     closes the connection), False if it is a WebSocket upgrade, put back for trio-websocket
-    to read. Raises ``trio.BrokenResourceError`` if the peer goes."""
+    to read. ``demo``: serve the demo page at ``/`` as well. Raises
+    ``trio.BrokenResourceError`` if the peer goes."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
     seen = bytearray()
     while True:
@@ -86,7 +91,7 @@ async def front(stream: GuardedStream) -> bool:
         return False
     method = event.method.upper()
     path = event.target.split(b"?", 1)[0].decode("latin-1")
-    entry = WEB_FILES.get(path)
+    entry = WEB_FILES.get(path) or (DEMO_FILES.get(path) if demo else None)
     found = _file(entry[0]) if entry is not None else None
     if method not in (b"GET", b"HEAD"):
         await _send(stream, 405, b"method not allowed", ((b"allow", b"GET, HEAD"),))
