@@ -342,3 +342,76 @@ def test_the_web_demo_page_completes_its_script(browser: Any) -> None:
     ]  # fmt: skip
     assert got["runs"][-1]["outcome"] == "aborted (interrupted)"
     assert "REJECTED" in text and "INVALID" in text  # the denied insurance, the bad seat
+
+
+TWO_TURNS = """async ([url]) => {
+  const { connect } = await import("/vrt.js");
+  const log = [], events = [], lifecycle = [];
+  const client = await connect(url, {
+    resume: {backoff: 20, maxBackoff: 200},
+    tools: [{
+      name: "edit", description: "", parameters: {type: "object"},
+      run: async (args, ctx) => {
+        log.push(args.n);
+        await new Promise((r) => setTimeout(r, 10));
+        return {edited: args.n};
+      },
+    }],
+  });
+  for (const type of ["tool.stream", "tool.preview", "turn.started", "text.delta", "turn.ended"]) {
+    client.addEventListener(type, (e) => events.push([type, e.detail]));
+  }
+  for (const type of ["reconnecting", "resumed"]) {
+    client.addEventListener(type, () => lifecycle.push(type));
+  }
+  for (const text of ["first", "second"]) {
+    const ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
+    await client.sendText(text);
+    await ended;
+  }
+  await client.close();
+  return {log, events, lifecycle, closed: client.closed};
+}"""
+
+
+def through_cutter(page: Any, server: str, direction: str, n: int, before: bool) -> Any:
+    """The two-turn session through tests/web_cutter.py; its result and the counts."""
+    cutter = subprocess.Popen(
+        [sys.executable, "tests/web_cutter.py", server, direction, str(n), str(int(before))],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert cutter.stdout is not None
+        port = int(cutter.stdout.readline())
+        got = page.evaluate(TWO_TURNS, [f"ws://127.0.0.1:{port}/"])
+        line = cutter.stdout.readline().decode().split()
+        frames = {k: int(v) for k, v in (x.split("=") for x in line[1:])}
+    finally:
+        cutter.kill()
+        cutter.communicate()
+    return got, frames
+
+
+def test_a_cut_at_every_message_gives_the_page_the_same_session(browser: Any, server: str) -> None:
+    """Fault injection in the browser: the two-turn session cut before and after every
+    message in each direction resumes to the same app-facing events as the uncut run,
+    each app tool run exactly once."""
+    page = open_page(browser, server)
+    uncut, frames = through_cutter(page, server, "send", 10**6, False)
+    assert uncut["lifecycle"] == [] and uncut["closed"] == "client"
+    assert sorted(uncut["log"]) == [1, 2, 3]
+    assert frames["send"] >= 4 and frames["receive"] >= 4, frames
+    runs = 0
+    for direction in ("send", "receive"):
+        for n in range(1, frames[direction] + 1):
+            for before in (True, False):
+                where = f"cut {'before' if before else 'after'} {direction} message {n}"
+                got, _ = through_cutter(page, server, direction, n, before)
+                assert got["events"] == uncut["events"], where
+                assert sorted(got["log"]) == [1, 2, 3], where  # each ran exactly once
+                assert got["closed"] == "client", where
+                runs += 1
+    assert runs == 2 * (frames["send"] + frames["receive"])
+    assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console

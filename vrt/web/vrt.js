@@ -171,23 +171,47 @@ export class Client extends EventTarget {
 
   // -- the connection ---------------------------------------------------------------------------
 
+  /** The opening handshake; a connection lost before the welcome starts over with a
+   * fresh hello (backoff, within the resume timeout), as the Python client does. A
+   * refusal (error + closed rejected) is final. */
   async _open() {
-    this.ws = await this._dial(this.resumeOptions.connectTimeout);
-    this._attach(this.ws);
-    this._sendMessage({
-      type: "hello",
-      protocol: PROTOCOL,
-      capabilities: this.offered,
-      tools: [...this.tools.values()].map(({ name, description = "", parameters }) => ({
-        name,
-        description,
-        parameters,
-      })),
-    });
-    await new Promise((resolve, reject) => {
-      this._welcomed = resolve;
-      this._refused = reject;
-    });
+    const { enabled, timeout, backoff, maxBackoff, connectTimeout } = this.resumeOptions;
+    const until = Date.now() + (enabled ? timeout : connectTimeout);
+    let delay = backoff;
+    for (;;) {
+      try {
+        const ws = await this._dial(Math.min(connectTimeout, Math.max(1, until - Date.now())));
+        this.ws = ws;
+        this._attach(ws);
+        const welcomed = new Promise((resolve, reject) => {
+          this._welcomed = resolve;
+          this._refused = reject;
+        });
+        this.sentSeq = 0;
+        this.replay = [];
+        this._sendMessage({
+          type: "hello",
+          protocol: PROTOCOL,
+          capabilities: this.offered,
+          tools: [...this.tools.values()].map(({ name, description = "", parameters }) => ({
+            name,
+            description,
+            parameters,
+          })),
+        });
+        await welcomed;
+        this._welcomed = this._refused = null;
+        return;
+      } catch (error) {
+        if (error.final || Date.now() >= until || !enabled) {
+          this._finish("lost", false);
+          throw error;
+        }
+        const jittered = delay * (0.5 + Math.random());
+        await new Promise((r) => setTimeout(r, Math.min(jittered, Math.max(0, until - Date.now()))));
+        delay = Math.min(maxBackoff, delay * 2);
+      }
+    }
   }
 
   _dial(timeout) {
@@ -220,8 +244,8 @@ export class Client extends EventTarget {
     clearTimeout(this._ackTimer);
     this._ackTimer = null;
     if (this.connection.state === "connecting") {
-      this._refused?.(new VrtError("CLOSED", "the server closed the connection before welcome"));
-      this._finish("lost", false);
+      // before the welcome: _open() starts over with a fresh hello, or gives up
+      this._refused?.(new VrtError("CLOSED", "the connection closed before the welcome"));
       return;
     }
     if (!this.resumeOptions.enabled || this._closing) {
@@ -527,7 +551,9 @@ export class Client extends EventTarget {
   _onClosed(msg) {
     if (this.connection.state === "connecting" && this._refused) {
       const error = this._refusal ?? { code: "CLOSED", message: msg.reason };
-      this._refused(new VrtError(error.code, error.message));
+      const refusal = new VrtError(error.code, error.message);
+      refusal.final = true; // refused: no retry
+      this._refused(refusal);
     }
     if (this.connection.state === "reconnecting") {
       this._finish(this._closing ? "client" : "expired");
