@@ -415,3 +415,69 @@ def test_a_cut_at_every_message_gives_the_page_the_same_session(browser: Any, se
                 runs += 1
     assert runs == 2 * (frames["send"] + frames["receive"])
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+
+
+STALE = """async ([url]) => {
+  const { connect } = await import("/vrt.js");
+  const ran = [];
+  const client = await connect(url, {
+    tools: [{
+      name: "edit", description: "", parameters: {type: "object"},
+      run: (args, ctx) => new Promise((resolve) => {
+        ran.push(args.n);
+        ctx.signal.addEventListener("abort", () => resolve(null));
+        if (args.n === 1) queueMicrotask(() => client.interrupt());  // epoch 0 -> 1
+      }),
+    }],
+  });
+  const ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
+  await client.sendText("go");
+  await ended;
+  await client.close();
+  return {ran, epoch: client.epoch};
+}"""
+
+
+def test_a_call_of_an_older_epoch_never_runs_in_the_page(browser: Any, server: str) -> None:
+    """The epoch gate: after interrupt() (epoch 1) a tool.call of epoch 0 is answered
+    INTERRUPTED at once and its tool never runs (a hand-written server sends it)."""
+    raw = subprocess.Popen(
+        [sys.executable, "tests/web_stale_server.py"], cwd=ROOT, stdout=subprocess.PIPE
+    )
+    try:
+        assert raw.stdout is not None
+        port = int(raw.stdout.readline())
+        page = open_page(browser, server)
+        got = page.evaluate(STALE, [f"ws://127.0.0.1:{port}/"])
+    finally:
+        raw.kill()
+        out, _ = raw.communicate()
+    sent = [json.loads(line) for line in out.decode().splitlines()]
+    assert got == {"ran": [1], "epoch": 1}
+    results = {m["callId"]: m for m in sent if m["type"] == "tool.result"}
+    assert results["c2"]["result"] == {
+        "ok": False,
+        "code": "INTERRUPTED",
+        "message": "the call's turn was interrupted",
+    }
+    assert results["c2"]["epoch"] == 0
+    assert "c1" not in results  # aborted by the interrupt: its late answer is never sent
+    assert [m["epoch"] for m in sent if m["type"] == "interrupt"] == [1]
+
+
+def test_a_server_shutdown_reaches_the_page_as_closed(browser: Any) -> None:
+    """closed is final: the server's shutdown ends the session in the page (no resume)."""
+    with serving("agent") as url:
+        page = open_page(browser, url)
+        page.evaluate(
+            """async ([url]) => {
+              const { connect } = await import("/vrt.js");
+              const client = await connect(url);
+              window.shut = new Promise((r) => client.addEventListener("closed", (e) =>
+                r([e.detail.reason, client.closed]), {once: true}));
+            }""",
+            [url],
+        )
+    # leaving serving() sent SIGINT: vrt serve closes every session with reason shutdown
+    assert page.evaluate("window.shut") == ["shutdown", "shutdown"]
+    page.close()
