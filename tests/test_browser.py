@@ -481,3 +481,39 @@ def test_a_server_shutdown_reaches_the_page_as_closed(browser: Any) -> None:
     # leaving serving() sent SIGINT: vrt serve closes every session with reason shutdown
     assert page.evaluate("window.shut") == ["shutdown", "shutdown"]
     page.close()
+
+
+FAILURES = """async ([url]) => {
+  const { connect, VrtError } = await import("/vrt.js");
+  let refused = null;
+  try {
+    await connect(url, {tools: [{name: "lookup", parameters: {type: "object"}, run: () => 1}]});
+  } catch (error) {
+    refused = [error instanceof VrtError, error.code];
+  }
+  const client = await connect(url, {
+    tools: [{
+      name: "edit", parameters: {type: "object"},
+      run: (args) => { if (args.n === 1) throw new TypeError("boom"); },  // undefined: null
+    }],
+  });
+  const settled = [];
+  client.addEventListener("tool.stream", (e) => {
+    if (e.detail.phase === "settled") settled.push([e.detail.ok, e.detail.code ?? null,
+                                                    e.detail.message ?? null]);
+  });
+  const ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
+  await client.sendText("go");
+  await ended;
+  await client.close();
+  return {refused, settled};
+}"""
+
+
+def test_a_tool_conflict_is_refused_and_a_throwing_tool_is_failed(browser: Any) -> None:
+    with serving("slow_with_lookup") as url:
+        page = open_page(browser, url)
+        got = page.evaluate(FAILURES, [url])
+        page.close()
+    assert got["refused"] == [True, "TOOL_CONFLICT"]
+    assert got["settled"] == [[False, "FAILED", "TypeError: boom"], [True, None, None]]

@@ -52,3 +52,10 @@ timing_out = vrt.define_agent(
     client_tool_timeout=0.3,
 )
 """An app call the page answers too late."""
+
+slow_with_lookup = vrt.define_agent(
+    model=vrt.ScriptedModel([[vrt.call("edit", {"n": 1}), vrt.call("edit", {"n": 2})]]),
+    tools=[lookup],
+    client_tools="accept",
+)
+"""Two app calls, and a server tool a page may not also host."""
