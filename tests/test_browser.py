@@ -82,6 +82,16 @@ def open_page(browser: Any, url: str) -> Any:
     return page
 
 
+def run_js(page: Any, script: str, arg: Any, within: float = 30) -> Any:
+    """``page.evaluate(script, arg)`` that fails after ``within`` seconds instead of
+    hanging (Playwright's evaluate has no timeout of its own)."""
+    wrapped = (
+        f"async (arg) => Promise.race([({script})(arg), new Promise((_, no) => "
+        f"setTimeout(() => no(new Error('no answer within {within:g} s')), {within * 1000:.0f}))])"
+    )
+    return page.evaluate(wrapped, arg)
+
+
 @pytest.fixture(scope="module")
 def page(browser: Any, server: str) -> Any:
     return open_page(browser, server)
@@ -157,7 +167,7 @@ def test_vrt_js_runs_a_turn_like_the_python_client(server: str, page: Any, offer
     caps = (
         ["tool-stream-v1", "batch-v1", "local-preview-v1"] if offer == "all" else ["tool-stream-v1"]
     )
-    got = page.evaluate(RUN, [server, caps])
+    got = run_js(page, RUN, [server, caps])
     assert got["caps"] == caps and got["closed"] == "client"
     # serial, in arrival order, though the first is the slowest; ctx.signal an AbortSignal
     assert [x[:2] for x in got["log"]] == [
@@ -208,7 +218,7 @@ SCENARIO = """async ([url, scenario]) => {
 def scenario(browser: Any, agent: str, name: str) -> dict[str, Any]:
     with serving(agent) as url:
         page = open_page(browser, url)
-        result: dict[str, Any] = page.evaluate(SCENARIO, [url, name])
+        result: dict[str, Any] = run_js(page, SCENARIO, [url, name])
         assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
         page.close()
     return result
@@ -296,11 +306,11 @@ def test_a_cut_while_an_app_tool_runs_resumes_with_nothing_lost_or_run_twice(
         assert proxy.stdin is not None and proxy.stdout is not None
         through = f"ws://127.0.0.1:{int(proxy.stdout.readline())}/"
         page = open_page(browser, server)
-        page.evaluate(START, [through])
+        run_js(page, START, [through])
         proxy.stdin.write(b"cut\n")
         proxy.stdin.flush()
         assert proxy.stdout.readline().decode().strip() == "cut 1"
-        got = page.evaluate(FINISH)
+        got = run_js(page, FINISH, None)
     finally:
         proxy.kill()
         proxy.communicate()
@@ -374,10 +384,20 @@ TWO_TURNS = """async ([url]) => {
 }"""
 
 
-def through_cutter(page: Any, server: str, direction: str, n: int, before: bool) -> Any:
+def through_cutter(
+    page: Any, server: str, direction: str, n: int, before: bool, drop: int = 0
+) -> Any:
     """The two-turn session through tests/web_cutter.py; its result and the counts."""
     cutter = subprocess.Popen(
-        [sys.executable, "tests/web_cutter.py", server, direction, str(n), str(int(before))],
+        [
+            sys.executable,
+            "tests/web_cutter.py",
+            server,
+            direction,
+            str(n),
+            str(int(before)),
+            str(drop),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -385,7 +405,7 @@ def through_cutter(page: Any, server: str, direction: str, n: int, before: bool)
     try:
         assert cutter.stdout is not None
         port = int(cutter.stdout.readline())
-        got = page.evaluate(TWO_TURNS, [f"ws://127.0.0.1:{port}/"])
+        got = run_js(page, TWO_TURNS, [f"ws://127.0.0.1:{port}/"])
         line = cutter.stdout.readline().decode().split()
         frames = {k: int(v) for k, v in (x.split("=") for x in line[1:])}
     finally:
@@ -448,7 +468,7 @@ def test_a_call_of_an_older_epoch_never_runs_in_the_page(browser: Any, server: s
         assert raw.stdout is not None
         port = int(raw.stdout.readline())
         page = open_page(browser, server)
-        got = page.evaluate(STALE, [f"ws://127.0.0.1:{port}/"])
+        got = run_js(page, STALE, [f"ws://127.0.0.1:{port}/"])
     finally:
         raw.kill()
         out, _ = raw.communicate()
@@ -479,7 +499,7 @@ def test_a_server_shutdown_reaches_the_page_as_closed(browser: Any) -> None:
             [url],
         )
     # leaving serving() sent SIGINT: vrt serve closes every session with reason shutdown
-    assert page.evaluate("window.shut") == ["shutdown", "shutdown"]
+    assert run_js(page, "async () => window.shut", None) == ["shutdown", "shutdown"]
     page.close()
 
 
@@ -513,7 +533,18 @@ FAILURES = """async ([url]) => {
 def test_a_tool_conflict_is_refused_and_a_throwing_tool_is_failed(browser: Any) -> None:
     with serving("slow_with_lookup") as url:
         page = open_page(browser, url)
-        got = page.evaluate(FAILURES, [url])
+        got = run_js(page, FAILURES, [url])
         page.close()
     assert got["refused"] == [True, "TOOL_CONFLICT"]
     assert got["settled"] == [[False, "FAILED", "TypeError: boom"], [True, None, None]]
+
+
+def test_a_resume_attempt_that_drops_is_followed_by_another(browser: Any, server: str) -> None:
+    """The first two resume attempts connect and are closed at once: the third gets the
+    session back, and the page sees the uncut session's events."""
+    page = open_page(browser, server)
+    uncut, _ = through_cutter(page, server, "send", 10**6, False)
+    got, _ = through_cutter(page, server, "receive", 6, True, drop=2)
+    assert got["lifecycle"] == ["reconnecting", "resumed"]
+    assert got["events"] == uncut["events"] and sorted(got["log"]) == [1, 2, 3]
+    assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console

@@ -1,12 +1,14 @@
 """A WebSocket proxy that cuts its first connection at one message, for the browser's
-fault-injection test: ``python tests/web_cutter.py TARGET_URL DIRECTION N BEFORE``.
+fault-injection test: ``python tests/web_cutter.py TARGET_URL DIRECTION N BEFORE [DROP]``.
 
 It prints its port, relays every connection to TARGET_URL message by message, and on the
 first one counts the messages in DIRECTION (``send``: page to server; ``receive``: server
 to page; a frame that is only an ack is not counted, as in vrt.testing.CuttingConnection):
 at the N-th it drops that message (BEFORE=1) or relays it (BEFORE=0), then closes both
-sides. Later connections (the resume) are relayed untouched. When the first connection
-ends it prints ``frames send=S receive=R`` (what it counted, both ways).
+sides. The DROP connections after it (0 by default) are accepted and closed at once (a
+resume attempt that fails after connecting); later ones (the resume) are relayed
+untouched. When the first connection ends it prints ``frames send=S receive=R`` (what it
+counted, both ways).
 """
 
 from __future__ import annotations
@@ -26,13 +28,18 @@ def counts(message: str) -> bool:
     return not (isinstance(data, dict) and data.get("type") == "ack")
 
 
-async def main(target: str, direction: str, n: int, before: bool) -> None:
+async def main(target: str, direction: str, n: int, before: bool, drop: int) -> None:
     first = [True]
+    dropping = [drop]
 
     async def handler(request: WebSocketRequest) -> None:
         page = await request.accept()
         cutting = first[0]
         first[0] = False
+        if not cutting and dropping[0] > 0:
+            dropping[0] -= 1
+            await page.aclose()
+            return
         seen = {"send": 0, "receive": 0}
         async with open_websocket_url(target) as server:
 
@@ -73,5 +80,5 @@ async def main(target: str, direction: str, n: int, before: bool) -> None:
 
 
 if __name__ == "__main__":
-    url, way, count, drop = sys.argv[1:5]
-    trio.run(main, url, way, int(count), drop == "1")
+    url, way, count, cut_before = sys.argv[1:5]
+    trio.run(main, url, way, int(count), cut_before == "1", int((sys.argv[5:] or ["0"])[0]))

@@ -252,16 +252,23 @@ export class Client extends EventTarget {
       this._finish(this._closing ? "client" : "lost");
       return;
     }
+    if (this.connection.state === "reconnecting") {
+      this._resume(); // a resume attempt connected, then dropped: the next one
+      return;
+    }
     this.connection.send("lost");
     this.outbox = [];
+    this._resumeUntil = Date.now() + this.resumeOptions.timeout;
+    this._resumeDelay = this.resumeOptions.backoff;
     this._emit("reconnecting", { sessionId: this.sessionId });
     this._resume();
   }
 
   async _resume() {
-    const { timeout, backoff, maxBackoff, connectTimeout } = this.resumeOptions;
-    const until = Date.now() + timeout;
-    let delay = backoff;
+    const { maxBackoff, connectTimeout } = this.resumeOptions;
+    const until = this._resumeUntil;
+    if (this._attempted) await this._backoff(until); // the last attempt dropped: wait first
+    this._attempted = true;
     while (this.closed === null && Date.now() < until) {
       try {
         const ws = await this._dial(Math.min(connectTimeout, Math.max(1, until - Date.now())));
@@ -279,12 +286,18 @@ export class Client extends EventTarget {
         );
         return; // the welcome (or the refusal) arrives as a message
       } catch {
-        const jittered = delay * (0.5 + Math.random());
-        await new Promise((r) => setTimeout(r, Math.min(jittered, Math.max(0, until - Date.now()))));
-        delay = Math.min(maxBackoff, delay * 2);
+        await this._backoff(until);
       }
     }
     this._finish("lost");
+  }
+
+  /** Wait the next jittered, doubling delay (never past ``until``). */
+  async _backoff(until) {
+    const delay = this._resumeDelay;
+    const jittered = delay * (0.5 + Math.random());
+    await new Promise((r) => setTimeout(r, Math.min(jittered, Math.max(0, until - Date.now()))));
+    this._resumeDelay = Math.min(this.resumeOptions.maxBackoff, delay * 2);
   }
 
   _finish(reason, tell = true) {
@@ -412,7 +425,12 @@ export class Client extends EventTarget {
   }
 
   _onWelcome(msg) {
-    if (this.connection.state === "reconnecting" && msg.resumed) {
+    if (this.connection.state === "reconnecting" && !msg.resumed) {
+      this._finish("expired"); // not our session: a resume is never answered with a new one
+      return;
+    }
+    if (this.connection.state === "reconnecting") {
+      this._attempted = false;
       this.connection.send("resumed");
       this.epoch = Math.max(this.epoch, msg.epoch);
       this.replay = this.replay.filter(([seq]) => seq > msg.lastSeq);
