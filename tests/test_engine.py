@@ -850,3 +850,21 @@ async def test_previews_only_for_those_that_take_them() -> None:
     previews = [e for e in with_previews if isinstance(e, vrt.ToolPreview)]
     assert len(previews) == len(streams) == 6
     assert without == [e for e in with_previews if not isinstance(e, vrt.ToolPreview)]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), {"x": -float("inf")}, object()])
+async def test_progress_that_is_not_json_is_refused_at_emit(bad: Any) -> None:
+    """NaN and Infinity are not JSON: sent, they made a frame no client can parse."""
+    raised: list[BaseException] = []
+
+    @vrt.server_tool(risk="low", parameters={"type": "object"})
+    async def noisy(args: Any, ctx: vrt.ToolContext) -> str:
+        try:
+            ctx.emit(bad)
+        except TypeError as exc:
+            raised.append(exc)
+        return "done"
+
+    _, log, _session = await run_turn(agent([vrt.call("noisy", {})], tools=[noisy]))
+    assert [str(e).startswith("progress must be JSON-serialisable") for e in raised] == [True]
+    assert not [e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.PROGRESS]

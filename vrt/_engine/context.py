@@ -127,7 +127,7 @@ class ToolContext:
         (``vrt.serve``: half its ``max_message_size``), which no client takes.
         """
         try:
-            text = json.dumps(progress)
+            text = json.dumps(progress, allow_nan=False)  # NaN and Infinity are not JSON
         except (TypeError, ValueError) as exc:
             raise TypeError(f"progress must be JSON-serialisable: {exc}") from None
         limit = self._max_progress
