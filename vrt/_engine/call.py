@@ -200,11 +200,9 @@ class Call:
             return
         if not self._send("allow") or not self._checked(app):
             return
-        sent = host.send_app(self)
-        if isinstance(sent, ToolResult):
-            self._settle("finish", sent)
-            return
-        nursery.start_soon(self._wait_app, sent)
+        sent = self._send_app(host)
+        if sent is not None:
+            nursery.start_soon(self._wait_app, sent)
 
     def answered(self, result: ToolResult) -> None:
         """The app's result, as the host's reader receives it: ``settled`` at once, from
@@ -316,19 +314,24 @@ class Call:
         if host is None:
             self._settle("finish", ToolResult.failure(ResultCode.FAILED, "no app is connected"))
             return
+        sent = self._send_app(host)
+        if sent is not None:
+            await self._wait_app(sent)
+
+    def _send_app(self, host: AppHost) -> AppWait | None:
+        """``tool.call`` to the client now; what waits for its result, or None if it could
+        not be sent (the call settled with the host's answer)."""
         sent = host.send_app(self)
         if isinstance(sent, ToolResult):
             self._settle("finish", sent)
-            return
-        await self._wait_app(sent)
+            return None
+        return sent
 
     async def _wait_app(self, sent: AppWait) -> None:
         """Wait for a sent app call's result, at most ``client_tool_timeout``."""
         timeout = self.turn.session.agent.client_tool_timeout
         with trio.move_on_after(timeout):
-            result = await sent.wait()
-            if not self.machine.final:  # the host may have settled it (answered)
-                self._settle("finish", result)
+            self.answered(await sent.wait())  # the host may have settled it already
             return
         self._settle(
             "finish",

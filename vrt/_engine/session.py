@@ -99,8 +99,6 @@ class Session:
         self.previews_watched = False
         """Whether anyone takes :class:`~vrt.ToolPreview` events (none built otherwise)."""
         self._nursery: trio.Nursery | None = None  # the turns' nursery, see host()
-        self.closed = False
-        """The session closed (the Session machine final): a plain flag for hot paths."""
         self._machine = SESSION.new()
         self._machine.send("accept")
         self._turn: Turn | None = None
@@ -245,7 +243,6 @@ class Session:
         if self._machine.final:
             return
         self._machine.send("close")
-        self.closed = True
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         self._turn = None

@@ -40,8 +40,6 @@ class Turn:
         self.epoch = epoch
         self._machine = TURN.new()
         self._scope = trio.CancelScope()
-        self._stopped = False
-        """The scope was cancelled (a plain flag: read once per model event)."""
         self._calls: list[Call] = []  # every call of the turn, in call order
         self._open: dict[str, Call] = {}  # calls not yet final
         self._refused: set[str] = set()  # calls failed over a session limit: deltas dropped
@@ -72,7 +70,6 @@ class Turn:
         for call in list(self._open.values()):
             call.interrupt()
         self._scope.cancel()
-        self._stopped = True
 
     async def wait(self) -> TurnResult:
         """Wait for the turn to end and return its result.
@@ -185,12 +182,9 @@ class Turn:
             async for event in stream:
                 if pace is not None:  # the transport is behind: wait for the peer
                     await pace()
-                # an interrupt (or the session's close) may land while the model's await
-                # had already completed; the model can then yield buffered events without a
-                # checkpoint: drop them. Two attribute reads, not a checkpoint_if_cancelled
-                # per event (it looks up the task and its cancel status: ~6% of a call).
-                if self._stopped or session.closed:
-                    await trio.lowlevel.checkpoint()  # raises Cancelled
+                # an interrupt may land while the model's await had already completed; the
+                # model can then yield buffered events without a checkpoint: drop them
+                await trio.lowlevel.checkpoint_if_cancelled()
                 if isinstance(event, CallDelta):
                     call = calls.get(event.call_id)
                     if call is None:

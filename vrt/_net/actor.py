@@ -440,7 +440,7 @@ class SessionActor:
     def send_app(self, call: Call) -> _Pending | ToolResult:
         """Send an app call's ``tool.call`` now; what waits for its ``tool.result``."""
         call_id = call.call_id
-        pending = _Pending(call, self.pending)
+        pending = _Pending(call)
         self.pending[call_id] = pending
         self.issued.add(call_id)
         try:
@@ -461,26 +461,23 @@ class SessionActor:
 
 
 class _Pending:
-    """An app call waiting for the client's ``tool.result`` (the engine's ``AppWait``)."""
+    """An app call waiting for the client's ``tool.result`` (the engine's ``AppWait``).
 
-    __slots__ = ("call", "done", "epoch", "result", "waiting")
+    Without a result (cancelled: timeout or interrupt) it stays in the actor's ``pending``
+    until the call's terminal phase, which sends tool.abort after it (``_on_event``); with
+    one, :meth:`SessionActor._result` has removed it already."""
 
-    def __init__(self, call: Call, waiting: dict[str, _Pending]) -> None:
+    __slots__ = ("call", "done", "epoch", "result")
+
+    def __init__(self, call: Call) -> None:
         self.call = call
         self.epoch = call.turn.epoch
-        self.waiting = waiting
         self.done = trio.Event()
         self.result: ToolResult | None = None
 
     async def wait(self) -> ToolResult:
         """The client's result (see :meth:`SessionActor._result`)."""
-        try:
-            await self.done.wait()
-        finally:
-            # Without a result (cancelled), it stays until the call's terminal phase, which
-            # sends tool.abort after it (``_on_event``).
-            if self.result is not None:
-                self.waiting.pop(self.call.call_id, None)
+        await self.done.wait()
         assert self.result is not None
         return self.result
 

@@ -420,9 +420,7 @@ class Client:
     async def _writer(self, ws: Any) -> None:
         # Batches only once a welcome said so, and never the first frame: the hello (a
         # resume's too) is read before the server knows this connection's capabilities.
-        proto = self.proto
-        batch = (proto.max_frame or 0) if proto.batching else 0
-        await send_frames(self._frames, ws, batch=batch, first_alone=True)
+        await send_frames(self._frames, ws, batch=self.proto.batch_limit, first_alone=True)
 
     async def _reader(self, ws: Any) -> None:
         frame: Any

@@ -52,8 +52,7 @@ class Link:
         """Bytes queued for the writer and not yet written."""
         self.scope = trio.CancelScope()
         self.aborted = False
-        proto = actor.proto
-        self.batch = proto.max_frame or 0 if proto.batching else 0
+        self.batch = actor.proto.batch_limit
         """``batch-v1``: the largest batch frame (0: one message a frame)."""
 
     @property

@@ -168,8 +168,6 @@ class ClientProtocol(Endpoint):
         self.epoch = 0
         self.turn_id: str | None = None
         self.views: dict[str, _View] = {}
-        self.batching = False
-        """``batch-v1`` was negotiated: frames may carry arrays of messages."""
         self.local_previews = False
         """``local-preview-v1`` (with ``tool-stream-v1``) was negotiated: previews are made
         here, from ``tool.stream``."""

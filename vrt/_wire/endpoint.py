@@ -53,8 +53,16 @@ class Endpoint:
         self.max_frame: int | None = None
         """The largest frame the peer takes (characters: the codec writes ASCII); None: any."""
         self._ack_sent = 0
+        self.batching = False
+        """``batch-v1`` was negotiated: frames may carry arrays of messages."""
         self._ack_queued: tuple[int, str] | None = None
         """The outbox's last ack (index, frame), while not taken: a later one replaces it."""
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest frame a writer may make of queued messages (``batch-v1``); 0: one
+        message a frame."""
+        return (self.max_frame or 0) if self.batching else 0
 
     # -- sending ----------------------------------------------------------------------------------
 

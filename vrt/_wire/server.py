@@ -51,8 +51,6 @@ class ServerProtocol(Endpoint):
         """The Session machine: ``handshaking`` until hello is accepted, ``open``,
         ``detached`` while no connection carries the session, ``closed``."""
         self.capabilities: tuple[str, ...] = ()
-        self.batching = False
-        """``batch-v1`` was negotiated: frames may carry arrays of messages."""
         self.frame_messages = 1
         """How many messages the last frame :meth:`receive` took carried (a batch's size:
         what a rate limit counts)."""

@@ -175,9 +175,9 @@ export class Client extends EventTarget {
    * fresh hello (backoff, within the resume timeout), as the Python client does. A
    * refusal (error + closed rejected) is final. */
   async _open() {
-    const { enabled, timeout, backoff, maxBackoff, connectTimeout } = this.resumeOptions;
+    const { enabled, timeout, backoff, connectTimeout } = this.resumeOptions;
     const until = Date.now() + (enabled ? timeout : connectTimeout);
-    let delay = backoff;
+    this._resumeDelay = backoff;
     for (;;) {
       try {
         const ws = await this._dial(Math.min(connectTimeout, Math.max(1, until - Date.now())));
@@ -207,9 +207,7 @@ export class Client extends EventTarget {
           this._finish("lost", false);
           throw error;
         }
-        const jittered = delay * (0.5 + Math.random());
-        await new Promise((r) => setTimeout(r, Math.min(jittered, Math.max(0, until - Date.now()))));
-        delay = Math.min(maxBackoff, delay * 2);
+        await this._backoff(until);
       }
     }
   }
@@ -265,7 +263,7 @@ export class Client extends EventTarget {
   }
 
   async _resume() {
-    const { maxBackoff, connectTimeout } = this.resumeOptions;
+    const { connectTimeout } = this.resumeOptions;
     const until = this._resumeUntil;
     if (this._attempted) await this._backoff(until); // the last attempt dropped: wait first
     this._attempted = true;
@@ -319,22 +317,23 @@ export class Client extends EventTarget {
 
   // -- sending ----------------------------------------------------------------------------------
 
+  /** Number a message, keep it for replay, queue it for the writer. */
   _send(fields) {
-    const message = { ...fields, seq: this.sentSeq + 1 };
-    this.sentSeq += 1;
-    const text = JSON.stringify(message);
-    this.replay.push([message.seq, text]);
-    if (this.replay.length > REPLAY_LIMIT) this.replay.shift();
-    this.outbox.push(text);
+    this.outbox.push(this._numbered(fields));
     this._flushSoon();
   }
 
+  /** Number a message and send it now (the hello: the writer waits for the welcome). */
   _sendMessage(fields) {
-    const message = { ...fields, seq: this.sentSeq + 1 };
+    this.ws.send(this._numbered(fields));
+  }
+
+  _numbered(fields) {
     this.sentSeq += 1;
-    const text = JSON.stringify(message);
-    this.replay.push([message.seq, text]);
-    this.ws.send(text);
+    const text = JSON.stringify({ ...fields, seq: this.sentSeq });
+    this.replay.push([this.sentSeq, text]);
+    if (this.replay.length > REPLAY_LIMIT) this.replay.shift();
+    return text;
   }
 
   _flushSoon() {
