@@ -1,21 +1,30 @@
-"""The browser client's files: machines.js is generated from machines/ and current, and its
-tables, run by Node, accept exactly what the Python tables accept."""
+"""The browser client's files: machines.js is generated from machines/ and vrt/_wire/schemas/
+and current; its tables, run by Node, accept exactly what the Python tables accept, and its
+schema checker refuses exactly what the Python codec refuses, in the same words."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import h11
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import vrt
-from vrt._cli import main, webtables
+from vrt._cli import main, webschemas, webtables
+from vrt._core.fastcheck import compile_schema
 from vrt._core.tables import Table
+from vrt._wire import codec
+from vrt._wire import messages as m
 
 NODE = shutil.which("node")
 
@@ -34,9 +43,23 @@ def test_a_changed_machine_makes_machines_js_stale(
     changed = dict(table.transitions)
     changed["issued", "progress"] = "settled"
     monkeypatch.setattr(table, "transitions", changed)
-    assert webtables.check(tmp_path) == [f"{tmp_path / 'machines.js'}: stale (a class in "
-                                         "machines/ changed)"]  # fmt: skip
+    assert webtables.check(tmp_path) == [STALE.format(tmp_path / "machines.js")]
     assert webtables.check(tmp_path / "nowhere") == [f"{tmp_path / 'nowhere/machines.js'}: missing"]
+
+
+STALE = "{}: stale (a class in machines/ or a schema in vrt/_wire/schemas/ changed)"
+
+
+def test_a_changed_schema_makes_machines_js_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    webtables.write(tmp_path)
+    schemas = json.loads(json.dumps(webschemas.server_schemas()))  # the codec's own untouched
+    schemas["turn.ended"]["properties"]["reason"]["enum"].append("abandoned")
+    monkeypatch.setattr(webschemas, "server_schemas", lambda: schemas)
+    assert webtables.check(tmp_path) == [STALE.format(tmp_path / "machines.js")]
+    assert main(["diagrams", "--check", "--dir", "diagrams", "--web-dir", str(tmp_path)]) == 1
+    assert STALE.format(tmp_path / "machines.js") in capsys.readouterr().err
 
 
 def _python_answers(table: Table) -> dict[str, dict[str, str | None]]:
@@ -166,3 +189,340 @@ async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) 
     open_server = await vrt_serve(AGENT)
     async with vrt.connect(open_server.url) as client:  # an upgrade still gets through
         assert client.capabilities
+
+
+# -- the schema checker ----------------------------------------------------------------------
+
+
+ALL_SCHEMAS = {cls.TYPE: codec.schema_of(cls.TYPE) for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)}
+
+DRIVER = """
+import * as checker from %s;
+import { createInterface } from "node:readline";
+const lines = createInterface({ input: process.stdin });
+for await (const line of lines) {
+  const [name, text] = JSON.parse(line);
+  const schema = typeof name === "string" ? checker.SCHEMAS[name] : name;
+  let answer;
+  try { answer = checker.explain(schema, JSON.parse(text)); }
+  catch (error) { answer = {thrown: String(error)}; }
+  process.stdout.write(JSON.stringify(answer) + "\\n");
+}
+"""
+
+
+class Node:
+    """One Node process running the generated checker on a line at a time."""
+
+    def __init__(self, folder: Path, schemas: dict[str, Any]) -> None:
+        assert NODE is not None, "node is needed (.ci/run installs it)"
+        module = folder / "schemas.mjs"
+        module.write_text(webschemas.schemas_js(schemas))
+        driver = folder / "driver.mjs"
+        driver.write_text(DRIVER % json.dumps(module.as_uri()))
+        self.process = subprocess.Popen(
+            [NODE, str(driver)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def explain(self, schema: str | dict[str, Any], text: str) -> Any:
+        """The checker's answer for the JSON ``text``: None (valid), [path, message] or
+        {"thrown": ...}."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps([schema, text]) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.communicate()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """Every shipped schema, the client's too: the page only needs the server's, but the
+    checker must agree with the codec on all of them (if/then/else, not, anyOf, pattern,
+    uniqueItems are only in the client's)."""
+    checker = Node(tmp_path_factory.mktemp("node"), ALL_SCHEMAS)
+    yield checker
+    checker.close()
+
+
+def python_explains(name: str, data: Any) -> str | None:
+    """The codec's refusal of ``data`` as a ``name`` message (None: valid)."""
+    valid = compile_schema(ALL_SCHEMAS[name])(data)
+    try:
+        codec.structure(json.loads(json.dumps(data)), (*m.CLIENT_TYPES, *m.SERVER_TYPES))
+    except codec.DecodeError as exc:
+        refused: str | None = exc.message
+    else:
+        refused = None
+    assert valid == (refused is None), refused
+    return refused
+
+
+def same_words(name: str, js: Any) -> str | None:
+    """The checker's answer as the codec words its refusal."""
+    if js is None:
+        return None
+    path, message = js
+    return f"{name}: {'/'.join(str(p) for p in path) or '(message)'}: {codec.shorten(message)}"
+
+
+def readable(value: Any) -> bool:
+    """Whether JavaScript can quote ``value`` as Python does: no float that is a whole
+    number (JavaScript reads 1.0 as 1), no integer it cannot hold, ASCII strings (both
+    sides' Unicode tables need not be the same version), no key that looks like an array
+    index (a JavaScript object lists those first)."""
+    if isinstance(value, float):
+        return not value.is_integer()
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, int):
+        return abs(value) <= 2**53
+    if isinstance(value, str):
+        return value.isascii()
+    if isinstance(value, list):
+        return all(readable(v) for v in value)
+    return all(
+        readable(k) and readable(v) and not re.fullmatch(r"0|[1-9][0-9]*", k)
+        for k, v in value.items()
+    )
+
+
+def valid_examples() -> dict[str, dict[str, Any]]:
+    """One valid message of every type."""
+    tool = {"name": "edit", "description": "", "parameters": {"type": "object"}}
+    base = {"seq": 3}
+    call = {"callId": "c1", "turnId": "t_1", "epoch": 0, "name": "edit"}
+    examples = {
+        "hello": {"seq": 1, "protocol": "vrt/1", "capabilities": ["batch-v1"], "tools": [tool],
+                  "resume": {"sessionId": "s", "token": "k", "lastSeq": 4}},
+        "input": {**base, "text": "hi"},
+        "interrupt": {**base, "epoch": 1},
+        "tool.result": {**base, "callId": "c1", "epoch": 0, "result": {"ok": True, "output": 1}},
+        "confirm.reply": {**base, "callId": "c1", "approved": False, "reason": "no"},
+        "close": base,
+        "ack": base,
+        "welcome": {"seq": 1, "sessionId": "s", "resumeToken": "k", "epoch": 0,
+                    "capabilities": ["tool-stream-v1"], "resumed": False, "lastSeq": 1},
+        "turn.started": {**base, "turnId": "t_1", "epoch": 0},
+        "text.delta": {**base, "turnId": "t_1", "text": "Hello"},
+        "tool.stream": {**base, **call, "kind": "app", "phase": "settled", "ok": False,
+                        "code": "TIMEOUT", "message": "late"},
+        "tool.preview": {**base, "callId": "c1", "turnId": "t_1", "name": "edit",
+                         "arguments": "{", "complete": False},
+        "tool.call": {**base, **call, "arguments": {"n": [1, 2.5, None]}},
+        "tool.abort": {**base, "callId": "c1"},
+        "confirm.request": {**base, "callId": "c1", "name": "pay", "arguments": {},
+                            "risk": None, "prompt": "Pay?"},
+        "turn.ended": {**base, "turnId": "t_1", "epoch": 1, "reason": "interrupted"},
+        "error": {**base, "code": "BAD_JSON", "message": "nope", "ref": 2},
+        "closed": {**base, "reason": "overflow"},
+    }  # fmt: skip
+    assert examples.keys() == ALL_SCHEMAS.keys()
+    return {name: {"type": name, **fields} for name, fields in examples.items()}
+
+
+VALID = valid_examples()
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+    | st.sampled_from(["", "start", "settled", "FAILED", "low", "vrt/1", "a b"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _mutated(name: str) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    base = VALID[name]
+    keys = sorted(base)
+    return st.builds(
+        lambda drop, key, value, extra: (name, _mutate(base, drop, key, value, extra)),
+        st.sampled_from([None, *keys]),
+        st.sampled_from([k for k in keys if k != "type"]),
+        json_values,
+        st.one_of(st.none(), st.tuples(st.sampled_from(["x", "ok", *keys]), json_values)),
+    )
+
+
+def _mutate(
+    base: dict[str, Any], drop: str | None, key: str, value: Any, extra: tuple[str, Any] | None
+) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(base))
+    if drop is not None and drop != "type":
+        data.pop(drop)
+    data[key] = value
+    if extra is not None and extra[0] != "type":
+        data[extra[0]] = extra[1]
+    return data
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.sampled_from(sorted(VALID)).flatmap(_mutated))
+def test_the_checker_refuses_what_the_codec_refuses(
+    node: Node, case: tuple[str, dict[str, Any]]
+) -> None:
+    """Generated mutations of a valid message of each type (a field dropped, changed to
+    any JSON value, one added): valid for both or refused by both, at the same path, in
+    the same words wherever JavaScript can quote the values as Python does."""
+    name, data = case
+    js = node.explain(name, json.dumps(data))
+    python = python_explains(name, data)
+    assert (js is None) == (python is None), (js, python)
+    if python is None:
+        return
+    words = same_words(name, js)
+    assert words is not None
+    if readable(data):
+        assert words == python
+    else:
+        assert words.split(": ")[:2] == python.split(": ")[:2]  # the type and the path
+
+
+def _stream(**fields: Any) -> tuple[str, dict[str, Any]]:
+    data = {k: v for k, v in {**VALID["tool.stream"], **fields}.items() if v is not None}
+    return "tool.stream", data
+
+
+TOOL = {"name": "edit", "description": "", "parameters": {}}
+FAILURE = {"ok": False, "code": "FAILED"}
+HAND_CASES = [
+    ("turn.started", {**VALID["turn.started"], "epoch": "0"}),  # wrong type
+    ("turn.started", {**VALID["turn.started"], "epoch": True}),  # a bool is no integer
+    ("turn.started", {**VALID["turn.started"], "epoch": 1.5}),
+    ("turn.started", {**VALID["turn.started"], "epoch": 1.0}),  # an integer in JSON Schema
+    ("turn.started", {**VALID["turn.started"], "seq": -1}),
+    ("turn.started", {**VALID["turn.started"], "seq": 2**53}),  # the largest allowed
+    ("turn.started", {**VALID["turn.started"], "seq": 2**53 + 2}),
+    ("turn.started", {**VALID["turn.started"], "seq": 2**64}),
+    ("turn.started", {"type": "turn.started", "seq": 1}),  # missing required
+    ("turn.started", {**VALID["turn.started"], "extra": 1, "more": 2}),  # extra keys
+    ("turn.started", {**VALID["turn.started"], "constructor": 1, "__proto__": 2}),
+    ("welcome", {**VALID["welcome"], "capabilities": ["a", 3]}),
+    ("tool.call", {**VALID["tool.call"], "callId": ""}),
+    ("tool.abort", {**VALID["tool.abort"], "callId": "\U0001f600"}),  # one code point
+    ("confirm.request", {**VALID["confirm.request"], "risk": "extreme"}),
+    ("closed", {**VALID["closed"], "reason": "too_large"}),  # local, never on the wire
+    ("text.delta", {**VALID["text.delta"], "text": 'it\'s "quoted" \n\x00\x7f'}),
+    ("text.delta", {**VALID["text.delta"], "text": {"it's": [1, None, True]}}),
+    _stream(phase="arguments-delta", ok=None, code=None, message=None),  # delta missing
+    _stream(phase="arguments-delta", delta="{", ok=None, code=None, message=None),
+    _stream(ok=None, code=None),  # settled without ok
+    _stream(ok=False, code=None),  # settled, not ok, without code
+    _stream(ok=True, code=None, message=None),
+    _stream(phase="start", ok=None, code=None, message=None),
+    _stream(phase="finished"),
+    _stream(kind="tool"),
+    ("hello", {**VALID["hello"], "tools": [{**TOOL, "name": "high light"}]}),
+    ("hello", {**VALID["hello"], "tools": [{**TOOL, "name": "ok\n"}]}),  # Python's $
+    ("hello", {**VALID["hello"], "capabilities": ["a", "b", "a"]}),
+    ("hello", {**VALID["hello"], "capabilities": list("abcdefghijkla")}),
+    ("hello", {**VALID["hello"], "capabilities": [{"a": 1, "b": 2}, {"b": 2, "a": 1}]}),
+    ("hello", {**VALID["hello"], "capabilities": [1, 1.0]}),
+    ("hello", {**VALID["hello"], "capabilities": [1, True]}),
+    ("hello", {**VALID["hello"], "resume": {"sessionId": "s", "token": "k"}}),
+    ("tool.result", {**VALID["tool.result"], "result": {"ok": False}}),
+    ("tool.result", {**VALID["tool.result"], "result": {**FAILURE, "output": 1}}),
+    ("tool.result", {**VALID["tool.result"], "result": {"ok": True, "code": "FAILED"}}),
+    ("tool.result", {**VALID["tool.result"], "result": {"ok": False, "code": "OOPS"}}),
+    ("tool.result", {**VALID["tool.result"], "result": "ok"}),
+    ("ack", {"type": "ack", "seq": 1e-5}),
+    ("ack", {"type": "ack", "seq": 0.5}),
+]
+
+
+@pytest.mark.parametrize(("name", "data"), HAND_CASES)
+def test_the_checker_words_its_refusals_as_the_codec(
+    node: Node, name: str, data: dict[str, Any]
+) -> None:
+    assert same_words(name, node.explain(name, json.dumps(data))) == python_explains(name, data)
+
+
+def test_every_valid_example_passes(node: Node) -> None:
+    for name, data in VALID.items():
+        assert node.explain(name, json.dumps(data)) is None, name
+
+
+def test_the_differences_json_parse_leaves(node: Node) -> None:
+    """What JavaScript's numbers cannot tell apart: 2**53 + 1 reads as 2**53 (the nearest
+    double), so a seq of 9007199254740993 passes in the page and is refused in Python;
+    1.0 reads as 1, so a message quoting it says 1 where Python says 1.0; an integer too
+    big for a double is Infinity, refused as no integer rather than as over the maximum."""
+    big = {**VALID["turn.started"], "seq": 2**53 + 1}
+    assert node.explain("turn.started", json.dumps(big)) is None
+    assert python_explains("turn.started", big) is not None
+    one = {**VALID["turn.started"], "epoch": [1.0]}
+    assert same_words("turn.started", node.explain("turn.started", json.dumps(one))) == (
+        "turn.started: epoch: [1] is not of type 'integer'"
+    )
+    assert python_explains("turn.started", one) == (
+        "turn.started: epoch: [1.0] is not of type 'integer'"
+    )
+    huge = {**VALID["turn.started"], "seq": 10**400}  # Infinity in JavaScript
+    assert same_words("turn.started", node.explain("turn.started", json.dumps(huge))) == (
+        "turn.started: seq: inf is not of type 'integer'"
+    )
+    assert "seq: 1000000" in str(python_explains("turn.started", huge))
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "string", "format": "email"}, "unsupported keyword 'format'"),
+        ({"type": "object", "additionalProperties": {"type": "string"}}, "true or false"),
+        ({"properties": {"0": {}}}, "looks like an array index"),
+        ({"items": {"minItems": 2}}, "unsupported keyword 'minItems'"),
+        ({"pattern": "^\\d+$"}, "reads differently"),
+    ],
+)
+def test_the_generator_refuses_what_fastcheck_does_not_compile(
+    schema: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        webschemas.schemas_js({"x": schema})
+
+
+def test_the_checker_throws_on_a_keyword_it_does_not_know(node: Node) -> None:
+    assert node.explain({"type": "string", "format": "email"}, '"a"') == {
+        "thrown": "Error: unsupported keyword format"
+    }
+
+
+PATTERNS = [
+    "^[A-Za-z0-9_-]{1,64}$",
+    "^a.b$",
+    "a|b$",
+    "^(?:ab)+c?$",
+    "[\\]\\-x]",
+    "^x{2,}$",
+    "\\.\\$",
+]
+SUBJECTS = [
+    *("", "a", "ab", "abc", "ab\n", "ab\n\n", "a\nb", "a\rb", "a\u2028b", "xx", "xxx\n"),
+    *("b\n", "ababc", "ababc\n", "]", "-", ".$", "a_b-C9", "a" * 65, "\U0001f600"),
+]
+
+
+def test_patterns_match_what_python_re_search_matches(tmp_path: Path) -> None:
+    checker = Node(tmp_path, {pattern: {"pattern": pattern} for pattern in PATTERNS})
+    try:
+        for pattern, subject in itertools.product(PATTERNS, SUBJECTS):
+            matched = checker.explain(pattern, json.dumps(subject)) is None
+            assert matched == (re.search(pattern, subject) is not None), (pattern, subject)
+    finally:
+        checker.close()
+
+
+@pytest.mark.parametrize(
+    "pattern", ["\\d", "\\w+", "(?i)a", "(?P<x>a)", "a*+", "a{2}+", "[]a]", "a{", "a}", "\\-"]
+)
+def test_patterns_that_read_differently_are_refused(pattern: str) -> None:
+    with pytest.raises(ValueError, match="pattern"):
+        webschemas.js_pattern(pattern)
