@@ -12,6 +12,7 @@ an ERROR: every test here checks it (``no_errors``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -414,22 +415,206 @@ async def test_a_peer_that_leaves_mid_handshake_is_forgotten_at_once() -> None:
             await peer.run_turn()
 
 
-async def test_connections_over_max_pending_are_closed_at_once() -> None:
-    async with serving(chat_agent(), max_pending_connections=5, handshake_timeout=1.0) as server:
-        held = [await trio.open_tcp_stream(HOST, server.port) for _ in range(5)]
+async def test_a_full_pool_lets_the_newcomer_in_and_closes_the_longest_waiting() -> None:
+    """At the cap a new connection used to be closed at once: 256 slow handshakes locked
+    everyone out (probe a01 at 2b9f98f). Now the newcomer gets in and the connection that
+    has waited longest makes room, from the newcomer's address when it is at its share."""
+    options = {"max_pending_connections": 5, "max_pending_per_peer": 2, "handshake_timeout": 2}
+    async with serving(chat_agent(), **options) as server:
+        a = [await trio.open_tcp_stream(HOST, server.port, local_address="127.0.0.2")]
+        await trio.sleep(0.05)
+        a.append(await trio.open_tcp_stream(HOST, server.port, local_address="127.0.0.2"))
+        others = []
+        for i in range(3):
+            others.append(
+                await trio.open_tcp_stream(HOST, server.port, local_address=f"127.0.0.{3 + i}")
+            )
         await trio.sleep(0.1)
-        try:  # reset at once, not held: the connect itself may see the reset
-            extra = await trio.open_tcp_stream(HOST, server.port)
-        except OSError:
-            pass
-        else:
-            assert await closed_by_server(extra, within=1) < 0.5
-            await extra.aclose()
-        for stream in held:  # the five are dropped at the handshake timeout
-            await closed_by_server(stream, within=2)
-            await stream.aclose()
-        async with session(server) as peer:  # and new ones get in again
+        # a third from 127.0.0.2: over its share, so the first from 127.0.0.2 goes
+        a.append(await trio.open_tcp_stream(HOST, server.port, local_address="127.0.0.2"))
+        assert await closed_by_server(a[0], within=1) < 0.5
+        # a sixth in all: over the pool, so the oldest of all (now a[1]) goes
+        newest = await trio.open_tcp_stream(HOST, server.port, local_address="127.0.0.9")
+        assert await closed_by_server(a[1], within=1) < 0.5
+        for stream in [a[2], *others, newest]:  # the rest are kept until their deadline
+            with pytest.raises(trio.TooSlowError):
+                await closed_by_server(stream, within=0.2)
+        async with session(server) as peer:  # and a real client gets in meanwhile
             await peer.run_turn()
+        for stream in [*a, *others, newest]:
+            await stream.aclose()
+
+
+LOCKOUT_TURN = 2.0
+"""Seconds a real client may take to connect and finish a turn through an attack."""
+
+
+@asynccontextmanager
+async def serve_process(tmp_path: Path, *flags: str) -> AsyncIterator[int]:
+    """``vrt serve tests.serve_agent:agent`` in its own process (the attack runs in this
+    one, as it would on another machine): its port. On the way out it is stopped, and its
+    log must hold no ERROR and no traceback."""
+    import signal
+
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        process = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "vrt",
+                "serve",
+                "tests.serve_agent:agent",
+                "--port",
+                "0",
+                *flags,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=out,
+        )
+        try:
+            assert process.stdout is not None
+            line = b""
+            with trio.fail_after(20):
+                while not line.endswith(b"\n"):
+                    line += await process.stdout.receive_some(1)
+            yield int(line.decode().rsplit(":", 1)[1].strip(" /\n"))
+        finally:
+            process.send_signal(signal.SIGINT)
+            with trio.move_on_after(10):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    text = log.read_text()
+    assert " ERROR " not in text and "Traceback" not in text, text[-3000:]
+
+
+async def real_turn(port: int) -> float:
+    """A real ``vrt.connect`` runs a turn (a server tool, then text) to its end; the
+    seconds from the connect to ``turn.ended``, which must be under LOCKOUT_TURN."""
+    start = trio.current_time()
+    with trio.fail_after(LOCKOUT_TURN):
+        async with vrt.connect(f"ws://{HOST}:{port}/") as client, client.subscribe() as events:
+            await client.send_text("ping?")
+            async for event in events:
+                if isinstance(event, vrt.TurnEnded):
+                    assert event.reason == "finished"
+                    break
+    return trio.current_time() - start
+
+
+async def stalled(port: int, local: str, counts: dict[str, int], *, trickle: bool) -> None:
+    """One attacking connection: the upgrade request without its last byte, sent at once
+    (``trickle`` False) or a byte a second; it counts itself opened, then closed when the
+    server closes or resets it."""
+    try:
+        stream = await trio.open_tcp_stream(HOST, port, local_address=local)
+    except OSError:
+        # Reset before this task saw its connect complete: evicted at once (the server
+        # accepted it, and closed it as later ones came).
+        counts["opened"] += 1
+        counts["closed"] += 1
+        return
+    counts["opened"] += 1
+    async with stream, trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            try:
+                while await stream.receive_some(4096):
+                    pass
+            except trio.BrokenResourceError:
+                pass
+            counts["closed"] += 1
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            if trickle:
+                for byte in UPGRADE[:-1]:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(1)
+            else:
+                await stream.send_all(UPGRADE[:-1])
+        await trio.sleep_forever()  # until the watcher sees the server close it
+
+
+async def attack(
+    port: int, addresses: list[str], n: int, *, trickle: bool
+) -> tuple[list[float], dict[str, int]]:
+    """``n`` stalled connections from ``addresses`` in turn; a real turn at 1, 3 and 5 s
+    into the attack (after its last connection opened). The turns' seconds and the
+    attackers' counts."""
+    counts = {"opened": 0, "closed": 0}
+    turns: list[float] = []
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(
+                functools.partial(
+                    stalled, port, addresses[i % len(addresses)], counts, trickle=trickle
+                )
+            )
+            if i % 100 == 99:
+                await trio.sleep(0.02)
+        with trio.fail_after(10):
+            while counts["opened"] < n:  # noqa: ASYNC110 - counts only
+                await trio.sleep(0.05)
+        start = trio.current_time()
+        for at in (1, 3, 5):
+            await trio.sleep_until(start + at)
+            turns.append(await real_turn(port))
+        nursery.cancel_scope.cancel()
+    return turns, counts
+
+
+async def test_300_stalled_handshakes_from_one_address_lock_nobody_out(tmp_path: Path) -> None:
+    """One address takes at most max_pending_per_peer (64) of the pool: the rest of its
+    300 are closed as they come, and a real client gets in throughout, from that same
+    address too."""
+    async with serve_process(tmp_path) as port:
+        turns, counts = await attack(port, ["127.0.0.2"], 300, trickle=False)
+        assert counts["opened"] == 300 and counts["closed"] >= 300 - 64, counts
+        assert max(turns) < LOCKOUT_TURN, turns
+        turns, counts = await attack(port, ["127.0.0.1"], 300, trickle=False)
+        assert counts["closed"] >= 300 - 64, counts
+        assert max(turns) < LOCKOUT_TURN, turns
+
+
+async def test_1000_trickling_handshakes_from_many_addresses_lock_nobody_out(
+    tmp_path: Path,
+) -> None:
+    """Probe a01 from 50 addresses: the pool (256) stays full of slow connections, yet
+    each newcomer, a real client's included, gets in; the longest waiting make room."""
+    addresses = [f"127.0.0.{i}" for i in range(2, 52)]
+    async with serve_process(tmp_path) as port:
+        turns, counts = await attack(port, addresses, 1000, trickle=True)
+    assert counts["opened"] == 1000 and counts["closed"] >= 1000 - 256, counts
+    assert max(turns) < LOCKOUT_TURN, turns
+
+
+async def test_a_connect_and_close_flood_locks_nobody_out_while_it_runs(tmp_path: Path) -> None:
+    """Probe a02 while it runs: connections opened and closed as fast as one task can;
+    real clients get in during it."""
+    flooded = 0
+
+    async def flood() -> None:
+        nonlocal flooded
+        while True:
+            with contextlib.suppress(OSError):
+                stream = await trio.open_tcp_stream(HOST, port)
+                await stream.aclose()
+                flooded += 1
+
+    async with serve_process(tmp_path) as port:
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(flood)
+            await trio.sleep(0.5)
+            turns = [await real_turn(port) for _ in range(5)]
+            nursery.cancel_scope.cancel()
+    assert flooded > 500, flooded
+    assert max(turns) < LOCKOUT_TURN, turns
 
 
 FLOOD_SERVER = """

@@ -234,6 +234,7 @@ _SAFETY: list[tuple[str, Callable[[str], object], str]] = [
     ("--resume-window", _seconds, "seconds a dropped session waits for its client"),
     ("--handshake-timeout", _positive, "seconds from connect to a valid hello"),
     ("--max-pending-connections", _count, "connections in their handshake"),
+    ("--max-pending-per-peer", _count, "connections in their handshake per IP (/64)"),
     ("--max-sessions", _count, "live sessions"),
     ("--max-sessions-per-peer", _count, "sessions per principal or IP"),
     ("--first-turn-timeout", _positive, "seconds to a session's first turn"),

@@ -2,15 +2,17 @@
 
 trio's ``serve_listeners`` logs an ERROR with a traceback every 0.1 s while the process is
 out of file descriptors, and trio-websocket keeps a connection that has not finished its
-upgrade for 60 s, even after the peer closed it. Here: a cap on connections not yet in a
-session (beyond it new ones are closed at once), a warning a minute at most while out of
-file descriptors or at that cap, and a :class:`GuardedStream` that tells the handshake the
-moment the peer leaves.
+upgrade for 60 s, even after the peer closed it. Here: a bounded pool of connections not
+yet in a session, with a share per peer address, where a newcomer always gets in and the
+connection that has waited longest makes room (:class:`Accepting`); a warning a minute at
+most while out of file descriptors or evicting; and a :class:`GuardedStream` that tells the
+handshake the moment the peer leaves.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import math
 import socket
@@ -92,6 +94,24 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         abort(self.stream)
 
 
+def peer_address(stream: trio.SocketStream) -> str:
+    """Who a connection counts against in ``max_pending_per_peer``: its IP address, or for
+    IPv6 its /64 network (what one host is usually given)."""
+    try:
+        host = str(stream.socket.getpeername()[0])
+    except OSError:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return host
+
+
 def abort(stream: trio.SocketStream) -> None:
     """Close ``stream``'s socket at once: linger 0, so its unsent bytes are dropped and the
     file descriptor is free now, whatever the peer does."""
@@ -127,39 +147,102 @@ class Throttled:
         self._last, self._missed = now, 0
 
 
-class Accepting:
-    """The connections not yet in a session, counted against ``limit``."""
+class Pending:
+    """One connection in its handshake: where it came from, and how to cut it short.
 
-    def __init__(self, limit: int) -> None:
+    Each phase of the handshake (the upgrade, then the ``hello``) runs in a cancel scope
+    given to :meth:`guard`; an eviction cancels the one running, or the next one at once.
+    """
+
+    __slots__ = ("address", "evicted", "scope")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.evicted = False
+        self.scope: trio.CancelScope | None = None
+
+    def guard(self, scope: trio.CancelScope) -> None:
+        """``scope`` bounds the handshake's current phase: an eviction cancels it."""
+        self.scope = scope
+        if self.evicted:
+            scope.cancel()
+
+    def evict(self) -> None:
+        self.evicted = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class Accepting:
+    """The connections not yet in a session: at most ``limit`` of them, at most
+    ``per_peer`` from one address.
+
+    A full pool never turns a newcomer away: the connection that has waited longest (from
+    the newcomer's address when that address is at ``per_peer``, else from anywhere) is
+    closed instead. A real client finishes its handshake in milliseconds; a slow one had
+    its chance, and refusing newcomers instead would let a few hundred slow connections
+    lock everyone out (probe a01).
+    """
+
+    def __init__(self, limit: int, per_peer: int | None = None) -> None:
         self.limit = limit
-        self.pending = 0
+        self.per_peer = limit if per_peer is None else min(per_peer, limit)
+        self._oldest_first: dict[Pending, None] = {}
+        self._by_address: dict[str, dict[Pending, None]] = {}
+        self.evicted = 0
+        """Connections closed to make room, since the start (for tests and statistics)."""
         self._full = Throttled()
 
-    def admit(self) -> bool:
-        """Whether a new connection may start its handshake (counted if so)."""
-        if self.pending >= self.limit:
-            self._full.warn(
-                "%d connections are in their handshake (max_pending_connections): a new one "
-                "was closed at once",
-                self.pending,
-            )
-            return False
-        self.pending += 1
-        return True
+    @property
+    def pending(self) -> int:
+        """Connections in their handshake now."""
+        return len(self._oldest_first)
 
-    def done(self) -> None:
-        """A counted connection finished its handshake, or ended."""
-        self.pending -= 1
+    def admit(self, address: str) -> Pending:
+        """Count a new connection from ``address``, closing the longest-waiting one to make
+        room if the pool (or the address's share of it) is full."""
+        same = self._by_address.get(address)
+        if same is not None and len(same) >= self.per_peer:
+            option = "max_pending_per_peer" if self.per_peer < self.limit else None
+            self._evict(next(iter(same)), option or "max_pending_connections", len(same))
+        elif len(self._oldest_first) >= self.limit:
+            self._evict(next(iter(self._oldest_first)), "max_pending_connections", self.limit)
+        entry = Pending(address)
+        self._oldest_first[entry] = None
+        self._by_address.setdefault(address, {})[entry] = None
+        return entry
+
+    def done(self, entry: Pending) -> None:
+        """``entry`` finished its handshake, or ended (again: nothing)."""
+        if entry not in self._oldest_first:
+            return
+        del self._oldest_first[entry]
+        same = self._by_address[entry.address]
+        del same[entry]
+        if not same:
+            del self._by_address[entry.address]
+
+    def _evict(self, entry: Pending, option: str, count: int) -> None:
+        self.done(entry)
+        entry.evict()
+        self.evicted += 1
+        self._full.warn(
+            "%d connections are in their handshake (%s): the one waiting longest was "
+            "closed to let a new one in",
+            count,
+            option,
+        )
 
 
 async def accept_loop(
     listener: trio.SocketListener,
     accepting: Accepting,
-    handle: Callable[[trio.SocketStream], Awaitable[Any]],
+    handle: Callable[[trio.SocketStream, Pending], Awaitable[Any]],
     nursery: trio.Nursery,
 ) -> NoReturn:
-    """Accept connections on ``listener`` until cancelled; each counted one is handed to
-    ``handle`` in a task of ``nursery`` (which must call ``accepting.done()``)."""
+    """Accept connections on ``listener`` until cancelled; each is counted in ``accepting``
+    and handed to ``handle`` in a task of ``nursery`` (which must call
+    ``accepting.done(entry)`` when its handshake ends)."""
     out_of_fds = Throttled()
     while True:
         try:
@@ -174,8 +257,4 @@ async def accept_loop(
             )
             await trio.sleep(_RETRY_AFTER)
             continue
-        if not accepting.admit():
-            abort(stream)
-            await trio.lowlevel.checkpoint()
-            continue
-        nursery.start_soon(handle, stream)
+        nursery.start_soon(handle, stream, accepting.admit(peer_address(stream)))

@@ -19,7 +19,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from vrt._engine.agent import Agent
-from vrt._net.accept import Accepting, GuardedStream
+from vrt._net.accept import Accepting, GuardedStream, Pending, peer_address
 from vrt._net.actor import SessionActor
 from vrt._net.link import send_and_close
 from vrt._net.options import Options
@@ -49,7 +49,9 @@ class Hub:
         self.agent = agent
         self.options = options
         self.nursery = nursery
-        self.accepting = accepting or Accepting(options.max_pending_connections)
+        self.accepting = accepting or Accepting(
+            options.max_pending_connections, options.max_pending_per_peer
+        )
         self.sessions: dict[str, SessionActor] = {}
         self.by_peer: dict[Any, int] = {}
         """Live sessions per peer (principal, or remote address without a principal)."""
@@ -57,28 +59,31 @@ class Hub:
         """Every session's ack timer: one task for the server."""
         nursery.start_soon(self.acks.run)
 
-    async def handle_stream(self, stream: trio.SocketStream) -> None:
-        """Serve one accepted TCP connection (counted in :attr:`accepting`): its upgrade and
-        its ``hello`` within ``handshake_timeout`` of the accept, then its session.
+    async def handle_stream(
+        self, stream: trio.SocketStream, pending: Pending | None = None
+    ) -> None:
+        """Serve one accepted TCP connection, counted in :attr:`accepting` as ``pending``:
+        its upgrade and its ``hello`` within ``handshake_timeout`` of the accept, then its
+        session.
 
         A peer that leaves before the upgrade is done is forgotten at once; one that is too
-        slow is cut off (its socket reset) at the deadline.
+        slow is cut off (its socket reset) at the deadline, or sooner if the pool of
+        handshakes needs its place (:class:`~vrt._net.accept.Accepting`).
         """
+        if pending is None:
+            pending = self.accepting.admit(peer_address(stream))
         guarded = GuardedStream(stream)
         deadline = trio.current_time() + self.options.handshake_timeout
-        counted = True
         late = False
 
         def handshake_done() -> None:
-            nonlocal counted
-            if counted:
-                counted = False
-                self.accepting.done()
+            self.accepting.done(pending)
 
         try:
             async with trio.open_nursery() as nursery:  # trio-websocket's reader task
                 upgraded = None
                 with trio.move_on_at(deadline) as scope:
+                    pending.guard(scope)
                     guarded.on_close = scope.cancel
                     upgraded = await upgrade(nursery, guarded, self.options)
                     guarded.on_close = None
@@ -93,9 +98,14 @@ class Hub:
                         deadline=deadline,
                         stream=guarded,
                         handshake_done=handshake_done,
+                        pending=pending,
                     )
                 elif late:
-                    log.debug("%s: no upgrade within the handshake timeout", _address(stream))
+                    log.debug(
+                        "%s: no upgrade %s",
+                        _address(stream),
+                        "before it was evicted" if pending.evicted else "within the timeout",
+                    )
                 nursery.cancel_scope.cancel()
         except Exception as exc:
             # trio-websocket's reader task can fail on what a peer sends (wsproto refusing
@@ -105,7 +115,7 @@ class Hub:
             late = True
         finally:
             handshake_done()
-            if guarded.gone or guarded.aborted or late:
+            if guarded.gone or guarded.aborted or late or pending.evicted:
                 guarded.abort()  # nothing more to say: free the descriptor now
             else:
                 with trio.CancelScope(shield=True):
@@ -120,6 +130,7 @@ class Hub:
         deadline: float | None = None,
         stream: GuardedStream | None = None,
         handshake_done: Callable[[], None] | None = None,
+        pending: Pending | None = None,
     ) -> None:
         """Serve one upgraded connection: its ``hello`` (by ``deadline``: by default
         ``handshake_timeout`` from now), then the session it opens or resumes, until the
@@ -145,11 +156,15 @@ class Hub:
         proto.max_frame = options.max_message_size  # what vrt.connect takes by default
         try:
             hello = None
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(deadline) as scope:
+                if pending is not None:
+                    pending.guard(scope)
                 hello = await _handshake(ws, proto)
             if handshake_done is not None:
                 handshake_done()
             if hello is None:
+                if pending is not None and pending.evicted:
+                    return  # the pool needed its place: reset, no goodbye to wait on
                 await send_and_close(ws, proto.take_outbox())
                 return
             if isinstance(ws, WebSocketConnection):  # at once: frames may follow the hello

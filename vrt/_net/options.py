@@ -20,6 +20,7 @@ MAX_QUEUED_APP_CALLS = 32
 MAX_MESSAGES_PER_SECOND = 100.0
 HANDSHAKE_TIMEOUT = 10.0
 MAX_PENDING_CONNECTIONS = 256
+MAX_PENDING_PER_PEER = 64
 MAX_SESSIONS_PER_PEER = 20
 FIRST_TURN_TIMEOUT = 300.0
 MAX_HISTORY_BYTES = 1024 * 1024
@@ -42,6 +43,7 @@ class Options:
     replay_limit_bytes: int = REPLAY_LIMIT_BYTES
     handshake_timeout: float = HANDSHAKE_TIMEOUT
     max_pending_connections: int = MAX_PENDING_CONNECTIONS
+    max_pending_per_peer: int = MAX_PENDING_PER_PEER
     max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
     first_turn_timeout: float = FIRST_TURN_TIMEOUT
     max_history_bytes: int = MAX_HISTORY_BYTES

@@ -25,6 +25,7 @@ from vrt._net.options import (
     MAX_MESSAGES_PER_SECOND,
     MAX_OPEN_CALLS,
     MAX_PENDING_CONNECTIONS,
+    MAX_PENDING_PER_PEER,
     MAX_QUEUED_APP_CALLS,
     MAX_SESSIONS,
     MAX_SESSIONS_PER_PEER,
@@ -75,6 +76,7 @@ async def serve(
     replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
     max_pending_connections: int = MAX_PENDING_CONNECTIONS,
+    max_pending_per_peer: int = MAX_PENDING_PER_PEER,
     max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER,
     first_turn_timeout: float = FIRST_TURN_TIMEOUT,
     max_history_bytes: int = MAX_HISTORY_BYTES,
@@ -97,9 +99,15 @@ async def serve(
 
     - ``handshake_timeout`` (10 s): from the TCP accept to a valid ``hello`` (the HTTP
       upgrade, ``authenticate`` and the hello); a peer slower than that is cut off.
-    - ``max_pending_connections`` (256): connections still in their handshake; beyond it a
-      new connection is closed at once. A peer that leaves mid-handshake is forgotten at
-      once. Running out of file descriptors is one warning a time, not a log flood.
+    - ``max_pending_connections`` (256): connections still in their handshake, at most
+      ``max_pending_per_peer`` (64) of them from one IP address (an IPv6 /64). A new
+      connection is always let in: when the pool, or its address's share, is full, the
+      connection of that pool that has waited longest is closed instead (a real client
+      finishes in milliseconds), so slow handshakes cannot lock anyone out. Behind a
+      reverse proxy every connection has the proxy's address: raise
+      ``max_pending_per_peer`` to ``max_pending_connections`` there. A peer that leaves
+      mid-handshake is forgotten at once. Running out of file descriptors is one warning
+      a time, not a log flood.
     - ``max_sessions`` (1,000): live sessions, detached ones included; a new session over
       it is refused (``error`` ``RATE_LIMITED``, ``closed`` ``rejected``).
     - ``max_sessions_per_peer`` (20): the same, per principal (what ``authenticate``
@@ -152,6 +160,7 @@ async def serve(
         replay_limit_bytes=count("replay_limit_bytes", replay_limit_bytes),
         handshake_timeout=positive_number("handshake_timeout", handshake_timeout),
         max_pending_connections=count("max_pending_connections", max_pending_connections),
+        max_pending_per_peer=count("max_pending_per_peer", max_pending_per_peer),
         max_sessions_per_peer=count("max_sessions_per_peer", max_sessions_per_peer),
         first_turn_timeout=positive_number("first_turn_timeout", first_turn_timeout),
         max_history_bytes=count("max_history_bytes", max_history_bytes),
@@ -167,7 +176,7 @@ async def serve(
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:
         async with trio.open_nursery() as nursery:
-            accepting = Accepting(options.max_pending_connections)
+            accepting = Accepting(options.max_pending_connections, options.max_pending_per_peer)
             hub = Hub(agent, options, nursery, accepting)
             for listener in listeners:
                 nursery.start_soon(accept_loop, listener, accepting, hub.handle_stream, nursery)
