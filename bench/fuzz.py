@@ -13,7 +13,8 @@ Hypothesis draws instead (:class:`Chooser`), is the fuzzing slice of the test su
   server messages for the client core), and mutants of them: fields dropped, added,
   renamed or given the wrong type; huge, negative, fractional and non-JSON numbers
   (``NaN``, ``Infinity``, ``1e400``, 5,000 digits); values nested 2 to 100,000 deep; lone
-  surrogates, escaped and raw; invalid UTF-8 and other encodings in binary frames;
+  surrogates, escaped and raw; binary frames (valid UTF-8, invalid, other encodings:
+  all BAD_MESSAGE);
   truncated JSON, duplicated keys, garbage around the object, no object at all; lists
   grown and frames padded to just under, at and over ``max_message_size``; and seq games
   (replays, 0, negative, gaps, huge).
@@ -876,8 +877,15 @@ OBJECT: Any = object()
 """A frame not parsed, which :func:`opens_object` says is an object or not JSON."""
 
 
+BINARY: Any = object()
+"""What :func:`parse_frame` returns for a binary frame: never read (``BAD_MESSAGE``)."""
+
+
 def parse_frame(frame: Frame) -> Any:
-    """A frame's JSON value, as PROTOCOL.md reads it (no ``NaN``), or :data:`NOT_JSON`."""
+    """A frame's JSON value, as PROTOCOL.md reads it (no ``NaN``), :data:`NOT_JSON`, or
+    :data:`BINARY` for a binary frame (whatever it holds)."""
+    if isinstance(frame, bytes):
+        return BINARY
     try:
         return json.loads(frame, parse_constant=_not_json)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -927,20 +935,28 @@ def verdict(frame: Frame, allowed: Sequence[str], max_size: int | None = None) -
     array, the frame of a batch, is refused here: see :func:`verdict_of` for its items)."""
     if max_size is not None and oversize(frame, max_size):
         return Verdict(m.TOO_LARGE)
+    if isinstance(frame, bytes):  # PROTOCOL.md: text frames; a binary one, whatever it holds
+        return Verdict(m.BAD_MESSAGE)
     data = parse_frame(frame)
     if data is NOT_JSON:
         return Verdict(m.BAD_JSON)
     return verdict_of(data, allowed)
 
 
+def usable_seq(data: Any) -> int | None:
+    """The seq an error answering the message ``data`` refers to: an integer within the
+    schemas' bounds (3.0 counts as 3), else None."""
+    seq = data.get("seq") if isinstance(data, dict) else None
+    if type(seq) is float and seq.is_integer():
+        seq = int(seq)
+    return seq if type(seq) is int and 0 <= seq <= 2**53 else None  # as the schemas bound it
+
+
 def verdict_of(data: Any, allowed: Sequence[str]) -> Verdict:
     """The oracle for one parsed message (a frame's, or one of a batch)."""
     if not isinstance(data, dict):
         return Verdict(m.BAD_MESSAGE)
-    seq = data.get("seq")
-    if type(seq) is float and seq.is_integer():
-        seq = int(seq)
-    ref = seq if type(seq) is int and 0 <= seq <= 2**53 else None  # as the schemas bound it
+    ref = usable_seq(data)
     type_ = data.get("type")
     if not isinstance(type_, str) or type_ not in allowed:
         return Verdict(m.UNKNOWN_TYPE, None, ref)
@@ -1195,6 +1211,7 @@ class ServerDriver(Driver):
         self._check_shape(state, received, got, replies, what)
         if (
             value is not NOT_JSON
+            and value is not BINARY
             and not isinstance(value, dict)
             and not oversize(frame, self.max_size)
         ):
@@ -1248,7 +1265,9 @@ class ServerDriver(Driver):
             expect(not got and answer == [("error", m.TOO_LARGE, None)], f"batch: {what}")
             return "batch: error TOO_LARGE"
         if twin is None:  # refused whole: none of it read
-            expect(not got and answer == [("error", m.BAD_MESSAGE, None)], f"batch: {what}")
+            # PROTOCOL.md: the error's ref is the seq of the batch's first message (if usable)
+            first = usable_seq(items[0]) if items else None
+            expect(not got and answer == [("error", m.BAD_MESSAGE, first)], f"batch: {what}")
             expect(proto.received_seq == received, f"a batch refused, yet read: {what}")
             text = replies[0]["message"]
             if not items:
@@ -1450,7 +1469,7 @@ class ClientDriver(Driver):
         if batch:
             return self._batch(frame, value, twin, got, what)
         self._check_previews(value, got, what)
-        if value is not NOT_JSON and value is not OBJECT and not isinstance(value, dict):
+        if value not in (NOT_JSON, OBJECT, BINARY) and not isinstance(value, dict):
             # An array without batch-v1 (or before the welcome), or no object at all
             expect(got == [_local(m.BAD_MESSAGE, NOT_OBJECT)] and not self.sent, what)
         if self.oracle:

@@ -212,6 +212,7 @@ def test_a_batch_over_the_limit_is_not_read() -> None:
     assert server.receive(json.dumps(items)) == []
     (error,) = sent(server)
     assert error["code"] == "BAD_MESSAGE" and "at most 100 messages" in error["message"]
+    assert error["ref"] == 2  # PROTOCOL.md: the seq of the batch's first message
     fits = [{"type": "input", "seq": 2 + i, "text": "x"} for i in range(m.BATCH_MESSAGES)]
     assert len(server.receive(json.dumps(fits))) == m.BATCH_MESSAGES
     assert server.state == "open"
@@ -271,3 +272,35 @@ def test_a_refused_frame_counts_as_one_message() -> None:
     assert server.frame_messages == 2
     server.receive('{"type":"input","seq":4,"text":"' + "x" * 100 + '"}')  # TOO_LARGE
     assert server.frame_messages == 1
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'{"type":"text.delta","seq":2,"turnId":"t_1","text":"x"}',
+        '{"type":"text.delta","seq":2,"turnId":"t_1","text":"x"}'.encode("utf-16"),
+        '{"type":"text.delta","seq":2,"turnId":"t_1","text":"x"}'.encode("utf-32"),
+    ],
+    ids=["utf-8", "utf-16", "utf-32"],
+)
+def test_the_client_refuses_a_binary_frame(frame: bytes) -> None:
+    """PROTOCOL.md: a binary frame, or JSON in another encoding, is BAD_MESSAGE (json.loads
+    read UTF-16 and UTF-32 bytes as JSON); the session goes on."""
+    client, server = opened()
+    (error,) = client.receive(frame)
+    assert isinstance(error, m.Error) and error.code == m.BAD_MESSAGE, error
+    assert "binary" in error.message
+    server.send(m.TextDeltaMessage, turn_id="t_1", text="y")
+    (event,) = client.receive(server.take_outbox()[0])
+    assert event.text == "y"
+
+
+def test_the_codec_never_writes_nan_or_infinity() -> None:
+    from vrt._wire import codec
+
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        call = m.ToolCallMessage(
+            seq=1, call_id="c", turn_id="t", epoch=0, name="n", arguments={"x": bad}
+        )
+        with pytest.raises(ValueError, match="JSON"):
+            codec.encode(call)

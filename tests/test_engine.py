@@ -868,3 +868,40 @@ async def test_progress_that_is_not_json_is_refused_at_emit(bad: Any) -> None:
     _, log, _session = await run_turn(agent([vrt.call("noisy", {})], tools=[noisy]))
     assert [str(e).startswith("progress must be JSON-serialisable") for e in raised] == [True]
     assert not [e for e in log if isinstance(e, vrt.ToolStream) and e.phase == P.PROGRESS]
+
+
+@pytest.mark.parametrize(
+    ("rewritten", "why"),
+    [
+        ({"city": float("nan")}, "not JSON"),
+        ({"city": float("inf")}, "not JSON"),
+        ({"city": {1, 2}}, "not JSON"),
+        (["Paris"], "not a JSON object"),
+    ],
+)
+async def test_a_rewrite_that_is_not_a_json_object_is_failed(rewritten: Any, why: str) -> None:
+    async def hook(info: vrt.CallInfo) -> vrt.Rewrite:
+        return vrt.Rewrite(rewritten)
+
+    result, _, _ = await run_turn(
+        agent([vrt.call("weather", {"city": "Oslo"})], before_tool_call=hook)
+    )
+    (call,) = result.calls
+    assert call.result.code == vrt.ResultCode.FAILED and why in (call.result.message or "")
+    assert call.arguments == {"city": "Oslo"}
+
+
+def test_the_model_never_reads_nan() -> None:
+    """A server tool's output with NaN or Infinity went to the provider as ``NaN``, which
+    no JSON parser takes: rendered as null, as JavaScript writes them."""
+    import json
+
+    from vrt.models._render import strict_json
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text}"))
+
+    assert strict(strict_json({"a": [float("nan"), 1.5, {"b": -float("inf")}]})) == {
+        "a": [None, 1.5, {"b": None}]
+    }
+    assert strict(strict_json({"when": {1}})) == {"when": "{1}"}  # not JSON: its str, as before

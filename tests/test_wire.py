@@ -535,3 +535,36 @@ async def test_without_pacing_the_replay_buffer_overflows(
                 log = [event async for event in channel]
     assert log[-1] == vrt.Closed(reason="overflow")
     assert_stream_valid(log)
+
+
+@pytest.mark.parametrize("offer", [m.LEGACY, m.CAPABILITIES])
+async def test_client_subscribe_without_previews(vrt_serve: Serve, offer: tuple[str, ...]) -> None:
+    """``client.subscribe(previews=False)`` like the session's: every event but the
+    legacy previews, which another subscriber still gets."""
+    server = await vrt_serve(agent([vrt.call("lookup", {"i": 1}, chunks=2)], tools=[lookup]))
+    async with vrt.connect(server.url, capabilities=offer) as client:
+        async with client.subscribe(previews=False) as plain:
+            full = await run_turn(client)
+            without = drain(plain)  # every event was emitted to both at once
+    assert any(isinstance(e, vrt.ToolPreview) for e in full)
+    assert without == [e for e in full if not isinstance(e, vrt.ToolPreview)]
+
+
+async def test_a_rewrite_to_nan_is_failed_and_never_reaches_the_wire(vrt_serve: Serve) -> None:
+    """A Rewrite hook's arguments went to the wire as they were: NaN made a tool.call no
+    client parses. Arguments that are not a JSON object are the hook's error: FAILED."""
+    ran: list[Any] = []
+
+    @vrt.app_tool(parameters={"type": "object"})
+    async def edit(args: Any, ctx: Any) -> None:
+        ran.append(args)
+
+    async def hook(info: vrt.CallInfo) -> vrt.Rewrite:
+        return vrt.Rewrite({"i": float("nan")})
+
+    server = await vrt_serve(agent(app_calls(1), [vrt.say("done")], before_tool_call=hook))
+    async with vrt.connect(server.url, tools=[edit]) as client:
+        events = await run_turn(client)
+    (settled_,) = [e for e in events if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED]
+    assert settled_.ok is False and settled_.code == vrt.ResultCode.FAILED
+    assert not ran

@@ -453,7 +453,21 @@ BAD_FRAMES = [
     pytest.param('{"type": "input", "seq": <seq>, "text": "x"', "BAD_JSON", False, id="truncated"),
     pytest.param('{"type": "input", "seq": <seq>, "text": NaN}', "BAD_JSON", False, id="nan"),
     pytest.param("", "BAD_JSON", False, id="empty-frame"),
-    pytest.param(b'\xc3\x28{"type": "input"}', "BAD_JSON", False, id="binary-not-utf8"),
+    # a binary frame (PROTOCOL.md: text frames, UTF-8), whatever it holds
+    pytest.param(b'\xc3\x28{"type": "input"}', "BAD_MESSAGE", False, id="binary-not-utf8"),
+    pytest.param(b'{"type": "input", "seq": 9, "text": "x"}', "BAD_MESSAGE", False, id="binary"),
+    pytest.param(
+        '{"type": "input", "seq": 9, "text": "x"}'.encode("utf-16"),
+        "BAD_MESSAGE",
+        False,
+        id="binary-utf16",
+    ),
+    pytest.param(
+        '{"type": "input", "seq": 9, "text": "x"}'.encode("utf-32-le"),
+        "BAD_MESSAGE",
+        False,
+        id="binary-utf32",
+    ),
     pytest.param("[" * DEEP + "]" * DEEP, "BAD_JSON", False, id="nested-too-deep"),
     # JSON, not an object
     pytest.param('[{"type": "input", "seq": <seq>}]', "BAD_MESSAGE", False, id="array"),

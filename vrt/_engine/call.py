@@ -243,6 +243,15 @@ class Call:
                 self._settle("decline", ToolResult.failure(ResultCode.REJECTED, decision.reason))
                 return
             if isinstance(decision, Rewrite):
+                problem = _not_json_object(decision.arguments)
+                if problem is not None:
+                    self._settle(
+                        "decline",
+                        ToolResult.failure(
+                            ResultCode.FAILED, f"before_tool_call rewrote the arguments {problem}"
+                        ),
+                    )
+                    return
                 self.arguments = decision.arguments
             elif not (decision is None or isinstance(decision, Allow)):
                 self._settle(
@@ -476,3 +485,16 @@ def _describe(exc: BaseException) -> str:
     """An exception as type and text, never a traceback."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _not_json_object(arguments: Any) -> str | None:
+    """Why ``arguments`` (a hook's rewrite) cannot be a call's arguments, or None: they
+    reach the app, the wire and the model as JSON, so NaN, Infinity or a set would make a
+    frame no peer reads."""
+    if not isinstance(arguments, dict):
+        return f"to a {type(arguments).__name__}, not a JSON object"
+    try:
+        json.dumps(arguments, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"to something that is not JSON: {_describe(exc)}"
+    return None

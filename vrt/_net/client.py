@@ -23,7 +23,7 @@ from trio_websocket import (
     HandshakeError,
 )
 
-from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed
+from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed, ToolPreview
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.context import Signal, ToolContext
 from vrt._engine.groups import single_unwrapped
@@ -86,6 +86,8 @@ class Client:
         )
         self._out, self._frames = trio.open_memory_channel[str](math.inf)
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
+        self._no_previews: set[trio.MemorySendChannel[Event]] = set()
+        """Subscribers that asked for no :class:`~vrt.ToolPreview`."""
         self._wake = trio.Event()
         self._running: tuple[str, trio.CancelScope, Signal] | None = None
         self.closed: Closed | None = None
@@ -110,21 +112,26 @@ class Client:
         return self.proto.capabilities
 
     @asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[Subscription[Event]]:
+    async def subscribe(self, *, previews: bool = True) -> AsyncIterator[Subscription[Event]]:
         """Receive every event from now on, as :meth:`vrt.Session.subscribe` does.
 
         Ends after :class:`~vrt.Closed`. Raises :class:`~vrt.SessionClosed` once closed.
+        ``previews=False``: without the legacy :class:`~vrt.ToolPreview` events, as the
+        session's.
         """
         if self.closed is not None:
             raise SessionClosed("the session is closed")
         send, receive = trio.open_memory_channel[Event](math.inf)
         self._subscribers.append(send)
+        if not previews:
+            self._no_previews.add(send)
         try:
             async with receive:
                 yield Subscription(receive)
         finally:
             if send in self._subscribers:
                 self._subscribers.remove(send)
+            self._no_previews.discard(send)
             send.close()
 
     async def send_text(self, text: str) -> None:
@@ -174,7 +181,10 @@ class Client:
 
     def _emit(self, event: Event) -> None:
         gone = None
+        skip = self._no_previews if type(event) is ToolPreview else ()
         for channel in self._subscribers:
+            if channel in skip:
+                continue
             try:
                 channel.send_nowait(event)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

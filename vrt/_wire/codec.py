@@ -142,7 +142,9 @@ def _no_constants(token: str) -> Any:
 # Built once: json.loads/json.dumps build a new decoder/encoder on every call that passes
 # options (about 1 µs a frame each way).
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+# allow_nan=False: Python writes NaN and Infinity, which no JSON parser reads (a value
+# that reaches encode() unchecked is a ValueError here, never a frame the peer refuses).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
@@ -154,23 +156,23 @@ def decode(text: str | bytes, allowed: tuple[type[Any], ...]) -> Any:
 
 
 def parse(text: str | bytes) -> Any:
-    """A frame's JSON, or raise DecodeError (``BAD_JSON``)."""
+    """A frame's JSON, or raise DecodeError: ``BAD_JSON``, or ``BAD_MESSAGE`` for a
+    binary frame (vrt/1 frames are text, UTF-8: ``json.loads`` would read bytes in UTF-16
+    or UTF-32 too)."""
+    if type(text) is not str:
+        raise DecodeError(m.BAD_MESSAGE, "a binary frame: vrt/1 frames are text (UTF-8)")
     try:
-        return (
-            _DECODER.decode(text)
-            if type(text) is str
-            else json.loads(text, parse_constant=_no_constants)
-        )
+        return _DECODER.decode(text)
     except RecursionError:
         raise DecodeError(m.BAD_JSON, "the frame is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         raise DecodeError(m.BAD_JSON, f"the frame is not JSON: {shorten(exc)}") from None
 
 
 def structure(data: dict[str, Any], allowed: tuple[type[Any], ...]) -> Any:
     """One parsed message (a JSON object; it is consumed) to its record of the
     ``allowed`` types, or raise DecodeError."""
-    ref = _ref(data.get("seq"))
+    ref = ref_of(data)
     type_ = data.get("type")
     cls = _BY_TYPE.get(type_) if isinstance(type_, str) else None
     if cls is None or cls not in allowed:
@@ -216,6 +218,12 @@ _SPACES = re.compile(r"\s+")
 MAX_INTEGER = 2**53
 """The largest seq or epoch of the schemas (``maximum``): past it a number is refused, and
 never echoed back in an error's ``ref``."""
+
+
+def ref_of(data: Any) -> int | None:
+    """The seq an error answering the message ``data`` (parsed JSON, of any shape) refers
+    to, if it has a usable one."""
+    return _ref(data.get("seq")) if type(data) is dict else None
 
 
 def _ref(seq: Any) -> int | None:

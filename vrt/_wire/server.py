@@ -109,6 +109,7 @@ class ServerProtocol(Endpoint):
                 m.BAD_MESSAGE,
                 f"a batch holds at most {m.BATCH_MESSAGES} messages: the {len(items)} of this "
                 f"one were not read",
+                codec.ref_of(items[0]),  # PROTOCOL.md: the ref of the batch's first message
             )
             return []
         self.frame_messages = len(items)

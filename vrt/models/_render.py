@@ -19,6 +19,7 @@ only in their JSON. The rules they all keep (the providers answer HTTP 400 other
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -81,7 +82,27 @@ def conversation(history: Iterable[HistoryItem]) -> list[User | Assistant]:
 
 def arguments_text(arguments: Any) -> str:
     """A call's arguments as the JSON text of an object, always (``"{}"`` otherwise)."""
-    return json.dumps(arguments_object(arguments))
+    return strict_json(arguments_object(arguments))
+
+
+def strict_json(value: Any) -> str:
+    """``value`` as JSON text that any parser reads: what is not JSON becomes its ``str``,
+    and NaN and the infinities ``null`` (as JavaScript's ``JSON.stringify`` writes them),
+    never the ``NaN`` that Python's json writes and a provider refuses."""
+    try:
+        return json.dumps(value, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def arguments_object(arguments: Any) -> dict[str, Any]:
@@ -102,7 +123,7 @@ def result_text(result: ToolResult) -> str:
         body: dict[str, Any] = {"ok": True, "output": result.output}
     else:
         body = {"ok": False, "code": str(result.code), "message": result.message or ""}
-    return json.dumps(body, default=str)
+    return strict_json(body)
 
 
 def tools_of(specs: Iterable[Any]) -> list[dict[str, Any]]:
