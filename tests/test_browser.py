@@ -12,12 +12,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
+
+import vrt
+from tests.web_bad_server import CASES, WELCOME, Case, frame
+from vrt._wire import messages as m
+from vrt._wire.client import ClientProtocol
 
 ROOT = Path(__file__).parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -548,3 +556,298 @@ def test_a_resume_attempt_that_drops_is_followed_by_another(browser: Any, server
     assert got["lifecycle"] == ["reconnecting", "resumed"]
     assert got["events"] == uncut["events"] and sorted(got["log"]) == [1, 2, 3]
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+
+
+# -- a broken server -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class BadServer:
+    url: str
+    received: list[list[Any]]
+    """``[case, message]`` for every message a client sent, as the server printed them."""
+
+
+@pytest.fixture(scope="module")
+def bad_server() -> Iterator[BadServer]:
+    """tests/web_bad_server.py: each path a case of broken frames."""
+    process = subprocess.Popen(
+        [sys.executable, "tests/web_bad_server.py"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        port = int(process.stdout.readline())
+        received: list[list[Any]] = []
+        lines = process.stdout
+        reader = threading.Thread(
+            target=lambda: received.extend(json.loads(line) for line in lines), daemon=True
+        )
+        reader.start()
+        yield BadServer(f"ws://127.0.0.1:{port}/", received)
+    finally:
+        process.kill()
+        process.communicate()
+
+
+BROKEN = """async ([url, patch]) => {
+  const { connect } = await import("/vrt.js");
+  const events = [];
+  const short = (text) => (typeof text === "string" && [...text].length > 80 ?
+                           `${[...text].length} characters` : text);
+  const client = await connect(url, {
+    resume: { timeout: 3000 },
+    tools: [{ name: "edit", parameters: { type: "object" }, run: () => ({ edited: true }) },
+            { name: "big", parameters: { type: "object" }, run: () => "y".repeat(2 << 20) }],
+  });
+  if (patch) {  // a bug in the client, once: the frame's handling throws
+    client._frame = () => { delete client._frame; throw new TypeError("boom"); };
+  }
+  let ended = false;  // the case's last frame: what follows (the page's close) is not its
+  const over = new Promise((resolve) => {
+    const seen = (type, shape) => client.addEventListener(type, (e) => {
+      const d = e.detail;
+      if (ended) return;
+      if (type === "text.delta" && d.turnId === "end") ended = true;
+      else events.push([type, ...shape(d)]);
+      if (ended || type === "closed") resolve();
+    });
+    seen("error", (d) => [d.code, d.message]);
+    seen("turn.started", (d) => [d.turnId, d.epoch]);
+    seen("text.delta", (d) => [short(d.text)]);
+    seen("tool.stream", (d) => [d.callId, d.phase]);
+    seen("tool.preview", (d) => [d.callId, short(d.arguments), d.complete]);
+    seen("confirm.request", (d) => [d.callId]);
+    seen("turn.ended", (d) => [d.turnId, d.reason]);
+    seen("reconnecting", () => []);
+    seen("closed", (d) => [d.reason]);
+  });
+  await over;
+  if (client.closed === null) await client.close();
+  return JSON.stringify(events);
+}"""
+
+
+def _short(text: str) -> str:
+    return f"{len(text)} characters" if len(text) > 80 else text
+
+
+def _shape(item: Any) -> list[Any] | None:
+    """A Python client core's output as the page records its event (None: no event)."""
+    if isinstance(item, m.Error):
+        return ["error", item.code, item.message]
+    if isinstance(item, vrt.TurnStarted):
+        return ["turn.started", item.turn_id, item.epoch]
+    if isinstance(item, vrt.TextDelta):
+        return ["text.delta", _short(item.text)]
+    if isinstance(item, vrt.ToolStream):
+        return ["tool.stream", item.call_id, str(item.phase)]
+    if isinstance(item, vrt.ToolPreview):
+        return ["tool.preview", item.call_id, _short(str(item.arguments)), item.complete]
+    if isinstance(item, m.ConfirmRequestMessage):
+        return ["confirm.request", item.call_id]
+    if isinstance(item, vrt.TurnEnded):
+        return ["turn.ended", item.turn_id, item.reason]
+    if isinstance(item, vrt.Closed):
+        return ["closed", item.reason]
+    return None  # Welcomed, AbortApp: no event
+
+
+def python_sees(case: Case) -> list[list[Any]]:
+    """What the Python client's core makes of the case's frames, after the same hello and
+    welcome, in the page's shape."""
+    client = ClientProtocol([m.ToolDecl(name="edit", description="", parameters={})])
+    client.hello()
+    hello = json.loads(client.take_outbox()[0])
+    granted = [c for c in hello["capabilities"] if c in case.capabilities]
+    welcome = frame(type="welcome", seq=1, **WELCOME, capabilities=granted, lastSeq=1)
+    out: list[list[Any]] = []
+    for text in (welcome, *case.frames):
+        for item in client.receive(text):
+            shown = _shape(item)
+            if shown is not None:
+                out.append(shown)
+        if client.connection.final:
+            break  # closed: the Python client reads nothing more
+    return out
+
+
+def _gist(events: list[list[Any]]) -> list[list[Any]]:
+    """The events, with a BAD_JSON message cut to what both parsers say alike (the rest is
+    the parser's own explanation)."""
+    return [
+        [*e[:2], e[2].split(": ")[0] + ": " + e[2].split(": ")[1]]
+        if e[:2] == ["error", "BAD_JSON"]
+        else e
+        for e in events
+    ]
+
+
+def page_sees(page: Any, server: BadServer, name: str, patch: bool = False) -> list[list[Any]]:
+    events: list[list[Any]] = json.loads(run_js(page, BROKEN, [server.url + name, patch]))
+    assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+    return events
+
+
+@pytest.fixture(scope="module")
+def bad_page(browser: Any, server: str) -> Any:
+    return open_page(browser, server)
+
+
+TRANSPORT = {"over-max-message-size", "no-acks", "acks", "big-output", "plain"}
+"""Cases the Python client's transport decides (its core never sees the frame)."""
+PROTOCOL_ONLY = {
+    "binary": "a binary frame (vrt/1 frames are UTF-8 text)",
+    "utf-16-as-binary": "a binary frame (vrt/1 frames are UTF-8 text)",
+    "utf-16-le": "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)",
+    "utf-16-be": "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)",
+    "utf-32-le": "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)",
+}
+"""Frames the protocol makes BAD_MESSAGE (binary, JSON not in UTF-8), which the Python
+client parses today: its side of the fix is another change."""
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in CASES if n not in TRANSPORT and n not in PROTOCOL_ONLY]
+)
+def test_the_page_takes_broken_frames_as_the_python_client_does(
+    bad_page: Any, bad_server: BadServer, name: str
+) -> None:
+    """Every kind of broken frame the Python client's tests send, and generated ones: the
+    page's events (errors with their codes and messages, and everything else) are the
+    Python client's for the same frames, and the session goes on or ends as it does."""
+    got = page_sees(bad_page, bad_server, name)
+    assert not [e for e in got if e[:2] == ["error", "INTERNAL"]], got
+    assert _gist(got) == _gist(python_sees(CASES[name]))
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOL_ONLY))
+def test_binary_frames_and_json_not_in_utf8_are_bad_messages(
+    bad_page: Any, bad_server: BadServer, name: str
+) -> None:
+    got = page_sees(bad_page, bad_server, name)
+    assert got == [["error", "BAD_MESSAGE", f"from the server: {PROTOCOL_ONLY[name]}"]]
+
+
+def test_a_frame_over_max_message_size_ends_the_session_as_in_python(
+    bad_page: Any, bad_server: BadServer
+) -> None:
+    """No resume (it would replay the same frame), what came before it shown, nothing
+    after: the page and vrt.connect alike."""
+    import trio
+
+    got = page_sees(bad_page, bad_server, "over-max-message-size")
+
+    async def python() -> list[list[Any]]:
+        async with vrt.connect(bad_server.url + "over-max-message-size") as client:
+            async with client.subscribe() as events:
+                with trio.fail_after(10):
+                    return [e for e in map(_shape, [x async for x in events]) if e is not None]
+
+    assert got == trio.run(python) == [["text.delta", "a"], ["closed", "too_large"]]
+
+
+def test_an_exception_in_the_client_is_an_error_event_and_the_session_goes_on(
+    bad_page: Any, bad_server: BadServer
+) -> None:
+    """The frame whose handling threw is dropped; the next one is read as usual."""
+    got = page_sees(bad_page, bad_server, "plain", patch=True)
+    assert got == [
+        ["error", "INTERNAL", "vrt.js failed on a frame from the server: TypeError: boom"],
+        ["text.delta", "b"],
+    ]
+
+
+OVERFLOW = """async ([url, options, texts, pause]) => {
+  const { connect, VrtError } = await import("/vrt.js");
+  const client = await connect(url, options);
+  const closed = [];
+  client.addEventListener("closed", (e) => closed.push(e.detail.reason));
+  let sent = 0, refused = null;
+  try {
+    for (const text of texts) {
+      await client.sendText(text);
+      sent += 1;
+      await new Promise((r) => setTimeout(r, pause));
+    }
+  } catch (error) {
+    refused = [error instanceof VrtError, error.code];
+  }
+  if (client.closed === null) await client.close();
+  return {sent, refused, closed, replay: client.replay.length};
+}"""
+
+
+def _sent(server: BadServer, name: str) -> list[str]:
+    return [x[1]["type"] for x in server.received if x[0] == name and x[1]["type"] != "ack"]
+
+
+@pytest.mark.parametrize(
+    ("options", "size", "sent"),
+    [
+        # inputs of about 735 bytes (the welcome acked the hello): the third is over 2,048
+        ({"maxMessageSize": 1024, "replayLimitBytes": 2048}, 700, 3),
+        ({"replayLimit": 3}, 10, 4),  # three messages fit, the fourth is one too many
+    ],
+)
+def test_a_replay_buffer_over_its_bound_closes_the_session_overflow(
+    bad_page: Any, bad_server: BadServer, options: dict[str, int], size: int, sent: int
+) -> None:
+    """A server that never acks: the unacked messages pass the bound (in bytes or in
+    messages) with the last one sent; the page ends the session, ``overflow``, tells the
+    server (``close``), and sends nothing more."""
+    before = len(_sent(bad_server, "no-acks"))
+    texts = ["z" * size] * 6
+    got = run_js(bad_page, OVERFLOW, [bad_server.url + "no-acks", options, texts, 0])
+    assert got == {"sent": sent, "refused": [True, "CLOSED"], "closed": ["overflow"],
+                   "replay": sent}  # fmt: skip
+    time.sleep(0.2)
+    assert _sent(bad_server, "no-acks")[before:] == ["hello", *["input"] * sent, "close"]
+
+
+def test_acks_keep_the_replay_buffer_within_its_bounds(
+    bad_page: Any, bad_server: BadServer
+) -> None:
+    options = {"maxMessageSize": 1024, "replayLimitBytes": 2048, "replayLimit": 3}
+    got = run_js(bad_page, OVERFLOW, [bad_server.url + "acks", options, ["z" * 500] * 10, 30])
+    assert got == {"sent": 10, "refused": None, "closed": ["client"], "replay": 0}
+
+
+OUTGOING = """async ([url]) => {
+  const { connect, VrtError } = await import("/vrt.js");
+  const client = await connect(url, {
+    tools: [{ name: "big", parameters: { type: "object" }, run: () => "y".repeat(2 << 20) }],
+  });
+  let refused = null;
+  try { await client.sendText("z".repeat(2 << 20)); }
+  catch (error) { refused = [error instanceof VrtError, error.code, error.message]; }
+  await new Promise((r) => setTimeout(r, 300));  // the tool.call, run, answered
+  const open = client.closed;
+  await client.close();
+  return {refused, open};
+}"""
+
+
+def test_the_page_sends_no_frame_over_max_message_size(
+    bad_page: Any, bad_server: BadServer
+) -> None:
+    """The server would close 1009 and a resume replay the frame forever: sendText
+    refuses (VrtError TOO_LARGE) and an oversize output is answered FAILED, in the Python
+    client's words."""
+    got = run_js(bad_page, OUTGOING, [bad_server.url + "big-output"])
+    assert got["open"] is None
+    assert got["refused"][:2] == [True, "TOO_LARGE"] and "maxMessageSize" in got["refused"][2]
+    time.sleep(0.2)
+    (result,) = [x[1] for x in bad_server.received if x == ["big-output", x[1]]
+                 and x[1]["type"] == "tool.result"]  # fmt: skip
+    client = ClientProtocol()
+    client.max_frame = 1 << 20
+    client.hello()
+    client.receive(frame(type="welcome", seq=1, **WELCOME, capabilities=[], lastSeq=1))
+    client.receive(CASES["big-output"].frames[0])
+    ticket = client.next_app_call()
+    assert ticket is not None
+    client.take_outbox()
+    client.answer(ticket.call_id, vrt.ToolResult.success("y" * (2 << 20)))
+    (expected,) = (json.loads(f) for f in client.take_outbox())
+    assert result["result"] == expected["result"]
+    assert result["result"]["code"] == "FAILED"

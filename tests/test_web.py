@@ -294,7 +294,7 @@ def valid_examples() -> dict[str, dict[str, Any]]:
     tool = {"name": "edit", "description": "", "parameters": {"type": "object"}}
     base = {"seq": 3}
     call = {"callId": "c1", "turnId": "t_1", "epoch": 0, "name": "edit"}
-    examples = {
+    examples: dict[str, dict[str, Any]] = {
         "hello": {"seq": 1, "protocol": "vrt/1", "capabilities": ["batch-v1"], "tools": [tool],
                   "resume": {"sessionId": "s", "token": "k", "lastSeq": 4}},
         "input": {**base, "text": "hi"},

@@ -8,7 +8,9 @@ import vrt
 @vrt.server_tool(risk="low", parameters={"type": "object"})
 async def lookup(args: dict[str, object], ctx: vrt.ToolContext) -> str:
     ctx.emit({"looking": args.get("q")})
-    await trio.sleep(0.01)
+    # A checkpoint, not a delay: a server tool that took as long as the page's app tools
+    # (10 ms) raced them, and the order of their settled events changed from run to run.
+    await trio.lowlevel.checkpoint()
     return "found"
 
 

@@ -288,7 +288,8 @@ export function pyRepr(v) {
   return `{${Object.keys(v).map((k) => `${pyString(k)}: ${pyRepr(v[k])}`).join(", ")}}`;
 }
 
-function pyNumber(x) {
+/** Python's repr() of a number (json.dumps writes floats the same way). */
+export function pyNumber(x) {
   if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
   if (Number.isInteger(x)) return BigInt(x).toString();
   if (Math.abs(x) >= 1e-4) return String(x);

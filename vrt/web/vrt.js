@@ -6,9 +6,28 @@
 // gate, the serial app-tool runner (one at a time, arrival order), interrupt() cancelling
 // every open call locally at once before telling the server, confirm.request, closed.
 // Each call's CallView and AppCall machines, and the connection's, come from
-// machines.js, generated from the Python classes in machines/.
+// machines.js, generated from the Python classes in machines/; so do the JSON Schemas
+// every message from the server is checked against, as the Python client checks them.
+//
+// The server is not trusted. Each frame is checked as the Python client checks it: its
+// size (maxMessageSize), its kind (text, UTF-8), its JSON (with what Python's json
+// refuses and JSON.parse takes), each message's shape (the schemas), its place in the
+// session. What fails is an `error` event whose code and message are the Python
+// client's, and the session goes on or ends exactly as it would there; nothing a server
+// sends makes a handler throw.
 
-import { APP_CALL, CALL_VIEW, CONNECTION, InvalidTransition, Machine } from "./machines.js";
+import {
+  APP_CALL,
+  CALL_VIEW,
+  CONNECTION,
+  InvalidTransition,
+  Machine,
+  SCHEMAS,
+  codePoints,
+  explain,
+  pyNumber,
+  pyRepr,
+} from "./machines.js";
 
 export const PROTOCOL = "vrt/1";
 export const CAPABILITIES = Object.freeze(["tool-stream-v1", "batch-v1", "local-preview-v1"]);
@@ -16,8 +35,19 @@ export const LEGACY = Object.freeze(["tool-stream-v1"]);
 const ACK_EVERY = 50;
 const ACK_INTERVAL = 200; // ms
 const BATCH_MESSAGES = 100;
-const REPLAY_LIMIT = 10000;
+/** The Python client's defaults (vrt/_wire/server.py, vrt/_wire/endpoint.py). */
+export const MAX_MESSAGE_SIZE = 1 << 20;
+export const REPLAY_LIMIT = 10000;
+export const REPLAY_LIMIT_BYTES = 2 * 1024 * 1024;
+/** Nesting deeper than this is BAD_JSON: Python's json stops at its recursion limit, 1,000
+ * frames less the stack it parses on (about 985 in the Python client). */
+const MAX_DEPTH = 980;
+/** Python's int() refuses a longer integer (sys.int_info.default_max_str_digits). */
+const MAX_DIGITS = 4300;
+const MESSAGE_KEPT = 1000; // characters of an app tool's failure message sent
 const ANSWERS_KEPT = 100;
+const IGNORED_KEPT = 1000; // calls of interrupted turns remembered (the newest)
+const PREVIEW_KEPT = 1 << 20; // characters of a call's arguments a local preview keeps
 const PREVIEW_STEP = 64;
 const TERMINAL = new Set(["settled", "cancelled", "failed"]);
 const VIEW_EVENT = {
@@ -34,7 +64,9 @@ const VIEW_EVENT = {
 export function pythonJson(value) {
   if (value === null || value === undefined) return "null";
   if (typeof value === "boolean") return value ? "true" : "false";
-  if (typeof value === "number") return String(value);
+  if (typeof value === "number") {
+    return Number.isFinite(value) ? pyNumber(value) : value > 0 ? "Infinity" : "-Infinity";
+  }
   if (typeof value === "string") {
     return JSON.stringify(value).replace(/[\u0080-\uffff]/g, (c) =>
       `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
@@ -84,10 +116,116 @@ export class VrtError extends Error {
   }
 }
 
+/** A frame or message from the server that the codec refuses (vrt/_wire/codec.py's
+ * DecodeError): it becomes an `error` event, never an exception out of a handler. */
+class Broken extends Error {
+  constructor(code, message) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/** A message as the frame Python's codec writes: compact JSON in ASCII (every other
+ * character escaped), so its length is its size in bytes, as the Python side counts. */
+function encode(message) {
+  return JSON.stringify(message).replace(/[\u007f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
+/** A frame's size as trio-websocket counts it for the Python client's limit: bytes of a
+ * binary frame, code points (not UTF-16 units) of a text frame. */
+function frameSize(data, limit) {
+  if (typeof data === "string") return data.length > limit ? codePoints(data) : data.length;
+  return data.byteLength ?? data.size ?? 0;
+}
+
+/** vrt/_wire/codec.py's parse(): a text frame's JSON, or Broken. */
+function parse(text) {
+  if (text.charCodeAt(0) === 0 || text.charCodeAt(1) === 0) {
+    // JSON's first two characters are ASCII: a NUL among them is UTF-16 or UTF-32 (RFC 4627)
+    throw new Broken("BAD_MESSAGE", "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)");
+  }
+  if (text.length > MAX_DEPTH) refuseWhatPythonRefuses(text);
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new Broken("BAD_JSON", `the frame is not JSON: ${shorten(error.message)}`);
+  }
+}
+
+/** What Python's json refuses and JSON.parse takes: nesting deeper than MAX_DEPTH, an
+ * integer of more than MAX_DIGITS digits. (Both keep a duplicate key's last value, refuse
+ * NaN and Infinity, take an escaped lone surrogate.) */
+function refuseWhatPythonRefuses(text) {
+  let depth = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 34) {
+      for (i++; i < text.length; i++) {
+        const d = text.charCodeAt(i);
+        if (d === 92) i++;
+        else if (d === 34) break;
+      }
+    } else if (c === 91 || c === 123) {
+      if (++depth > MAX_DEPTH) throw new Broken("BAD_JSON", "the frame is nested too deeply");
+    } else if (c === 93 || c === 125) {
+      depth--;
+    } else if (c >= 48 && c <= 57) {
+      const start = i;
+      while (isDigit(text.charCodeAt(i + 1))) i++;
+      const next = text.charCodeAt(i + 1);
+      const digits = i + 1 - start;
+      if (digits > MAX_DIGITS && next !== 46 && next !== 69 && next !== 101) {
+        throw new Broken("BAD_JSON", `the frame is not JSON: an integer of ${digits} digits (the limit is ${MAX_DIGITS})`);
+      }
+      while (isNumberPart(text.charCodeAt(i + 1))) i++; // its fraction and exponent
+    }
+  }
+}
+
+const isDigit = (c) => c >= 48 && c <= 57;
+const isNumberPart = (c) => isDigit(c) || c === 46 || c === 69 || c === 101 || c === 43 || c === 45;
+
+/** vrt/_wire/codec.py's structure(), without the records: the message, checked against
+ * its type's schema, or Broken. */
+function structure(data, what) {
+  if (typeof data !== "object" || data === null || Array.isArray(data)) {
+    throw new Broken("BAD_MESSAGE", `${what} must be a JSON object`);
+  }
+  const type = Object.hasOwn(data, "type") ? data.type : undefined;
+  if (typeof type !== "string" || !Object.hasOwn(SCHEMAS, type)) {
+    const shown = typeof type === "string" ? pyRepr(type) : "None";
+    throw new Broken("UNKNOWN_TYPE", cut(`unknown message type ${shown}`, 200));
+  }
+  const problem = explain(SCHEMAS[type], data);
+  if (problem !== null) {
+    const [path, message] = problem;
+    throw new Broken("BAD_MESSAGE", `${type}: ${path.join("/") || "(message)"}: ${shorten(message)}`);
+  }
+  return data;
+}
+
+/** vrt/_wire/codec.py's shorten(): one line, at most `limit` characters (code points). */
+function shorten(text, limit = 200) {
+  const line = text.replace(/\s+/g, " ");
+  return codePoints(line) <= limit ? line : `${cut(line, limit - 3)}...`;
+}
+
+function cut(text, limit) {
+  return codePoints(text) <= limit ? text : Array.from(text).slice(0, limit).join("");
+}
+
+function positive(name, value, least) {
+  if (!Number.isInteger(value) || value < least) {
+    throw new RangeError(`${name} must be a whole number of at least ${least}, not ${value}`);
+  }
+  return value;
+}
+
 /**
  * Connect to a vrt/1 server and open a session.
  * @param {string} url ws:// or wss:// URL of vrt.serve
- * @param {{tools?: Array, capabilities?: string[], resume?: boolean|object}} options
+ * @param {{tools?: Array, capabilities?: string[], resume?: boolean|object,
+ *   maxMessageSize?: number, replayLimit?: number, replayLimitBytes?: number}} options
  */
 export async function connect(url, options = {}) {
   const client = new Client(url, options);
@@ -96,9 +234,29 @@ export async function connect(url, options = {}) {
 }
 
 export class Client extends EventTarget {
-  constructor(url, { tools = [], capabilities = CAPABILITIES, resume = true } = {}) {
+  constructor(
+    url,
+    {
+      tools = [],
+      capabilities = CAPABILITIES,
+      resume = true,
+      maxMessageSize = MAX_MESSAGE_SIZE,
+      replayLimit = REPLAY_LIMIT,
+      replayLimitBytes,
+    } = {},
+  ) {
     super();
     this.url = url;
+    // Both ways, as the Python client's max_message_size: a larger frame from the server
+    // ends the session; one this client would send is refused before it is numbered.
+    this.maxMessageSize = positive("maxMessageSize", maxMessageSize, 1024);
+    this.replayLimit = positive("replayLimit", replayLimit, 1);
+    // The frames' bytes, as ASCII: at least two of the largest (vrt.serve's rule)
+    this.replayLimitBytes = positive(
+      "replayLimitBytes",
+      replayLimitBytes ?? Math.max(REPLAY_LIMIT_BYTES, 2 * this.maxMessageSize),
+      2 * this.maxMessageSize,
+    );
     this.tools = new Map(tools.map((t) => [t.name, t]));
     this.offered = [...capabilities];
     this.resumeOptions = {
@@ -118,9 +276,11 @@ export class Client extends EventTarget {
     this.receivedSeq = 0;
     this.ackSent = 0;
     this.replay = []; // [seq, text] the server has not acked
+    this.replayBytes = 0;
+    this._overflowed = false;
     this.outbox = [];
-    this.views = new Map(); // callId -> {machine, first, fragments, text}
-    this.ignored = new Set(); // calls of turns the user interrupted
+    this.views = new Map(); // callId -> {machine, first, fragments, chars, text}
+    this.ignored = new Set(); // calls of turns the user interrupted (the newest IGNORED_KEPT)
     this.appCalls = new Map(); // callId -> {machine, message}
     this.queue = [];
     this.running = null; // {callId, controller}
@@ -149,7 +309,7 @@ export class Client extends EventTarget {
     this.epoch += 1;
     for (const [callId, view] of this.views) {
       view.machine.send("cancel");
-      this.ignored.add(callId);
+      this._ignore(callId);
       this.previews.forget(callId);
       this._emit("tool.stream", { ...view.first, phase: "cancelled" });
     }
@@ -189,6 +349,7 @@ export class Client extends EventTarget {
         });
         this.sentSeq = 0;
         this.replay = [];
+        this.replayBytes = 0;
         this._sendMessage({
           type: "hello",
           protocol: PROTOCOL,
@@ -203,7 +364,7 @@ export class Client extends EventTarget {
         this._welcomed = this._refused = null;
         return;
       } catch (error) {
-        if (error.final || Date.now() >= until || !enabled) {
+        if (error.final || error.code === "TOO_LARGE" || Date.now() >= until || !enabled) {
           this._finish("lost", false);
           throw error;
         }
@@ -231,6 +392,7 @@ export class Client extends EventTarget {
   }
 
   _attach(ws) {
+    ws.binaryType = "arraybuffer"; // a binary frame's size, at once (it is refused anyway)
     ws.onmessage = (event) => this._receive(event.data);
     ws.onclose = () => this._lost(ws);
     ws.onerror = () => {};
@@ -273,7 +435,7 @@ export class Client extends EventTarget {
         this.ws = ws;
         this._attach(ws);
         ws.send(
-          JSON.stringify({
+          encode({
             type: "hello",
             seq: 0,
             protocol: PROTOCOL,
@@ -298,7 +460,7 @@ export class Client extends EventTarget {
     this._resumeDelay = Math.min(this.resumeOptions.maxBackoff, delay * 2);
   }
 
-  _finish(reason, tell = true) {
+  _finish(reason, tell = true, code = 1000) {
     if (this.closed !== null) return;
     this.closed = reason;
     if (!this.connection.final) this.connection.send("close");
@@ -307,8 +469,33 @@ export class Client extends EventTarget {
     this.views.clear();
     const ws = this.ws;
     this.ws = null;
-    if (ws && ws.readyState <= 1) ws.close();
+    if (ws && ws.readyState <= 1) ws.close(code);
+    if (this._refused) {
+      // still opening: connect() fails, for good (a refusal already failed it: no-op)
+      const error = new VrtError(reason === "too_large" ? "TOO_LARGE" : "CLOSED", `the session ended before its welcome (${reason})`);
+      error.final = true;
+      this._refused(error);
+    }
     if (tell) this._emit("closed", { reason });
+  }
+
+  /** A frame over maxMessageSize: not read, and the session ends ("too_large"), as the
+   * Python client's does (trio-websocket closes 1009 there; a page may not send 1009:
+   * 4009): resuming would replay the same frame into the same refusal. */
+  _tooLarge() {
+    this._finish("too_large", true, 4009);
+  }
+
+  /** The replay buffer went over its bound (replayLimit messages or replayLimitBytes the
+   * server has not acked): a lost connection could no longer be made good, so the session
+   * ends now ("overflow", as PROTOCOL.md says), the server told if it can hear it. */
+  _overflow() {
+    this._flush();
+    const ws = this.ws;
+    if (ws?.readyState === 1 && this.connection.state === "open") {
+      ws.send(encode({ type: "close", seq: this.sentSeq + 1 }));
+    }
+    this._finish("overflow");
   }
 
   _requireOpen() {
@@ -317,10 +504,13 @@ export class Client extends EventTarget {
 
   // -- sending ----------------------------------------------------------------------------------
 
-  /** Number a message, keep it for replay, queue it for the writer. */
+  /** Number a message, keep it for replay, queue it for the writer. Throws VrtError
+   * TOO_LARGE (and numbers nothing) for a frame over maxMessageSize: the server would
+   * refuse it, and a resume would replay it forever. */
   _send(fields) {
     this.outbox.push(this._numbered(fields));
-    this._flushSoon();
+    if (this._overflowed) this._overflow();
+    else this._flushSoon();
   }
 
   /** Number a message and send it now (the hello: the writer waits for the welcome). */
@@ -329,11 +519,29 @@ export class Client extends EventTarget {
   }
 
   _numbered(fields) {
-    this.sentSeq += 1;
-    const text = JSON.stringify({ ...fields, seq: this.sentSeq });
-    this.replay.push([this.sentSeq, text]);
-    if (this.replay.length > REPLAY_LIMIT) this.replay.shift();
+    const seq = this.sentSeq + 1;
+    const text = encode({ ...fields, seq });
+    if (text.length > this.maxMessageSize) {
+      throw new VrtError(
+        "TOO_LARGE",
+        `a ${fields.type} frame of ${text.length} bytes is over maxMessageSize (${this.maxMessageSize})`,
+      );
+    }
+    this.sentSeq = seq;
+    this.replay.push([seq, text]);
+    this.replayBytes += text.length;
+    if (this.replay.length > this.replayLimit || this.replayBytes > this.replayLimitBytes) {
+      this._overflowed = true;
+    }
     return text;
+  }
+
+  /** The server processed our messages up to `seq`: forget their frames. */
+  _peerAcked(seq) {
+    const replay = this.replay;
+    let n = 0;
+    while (n < replay.length && replay[n][0] <= seq) this.replayBytes -= replay[n++][1].length;
+    if (n) replay.splice(0, n);
   }
 
   _flushSoon() {
@@ -345,17 +553,22 @@ export class Client extends EventTarget {
     });
   }
 
-  /** The writer: what is queued leaves now, as one batch with batch-v1. */
+  /** The writer: what is queued leaves now, with batch-v1 as batches of at most
+   * BATCH_MESSAGES messages and maxMessageSize bytes (each message alone fits). */
   _flush() {
     const ws = this.ws;
     if (!ws || ws.readyState !== 1 || this.connection.state !== "open") return;
-    while (this.outbox.length) {
-      if (!this.batching || this.outbox.length === 1) {
-        ws.send(this.outbox.shift());
-        continue;
+    const outbox = this.outbox;
+    while (outbox.length) {
+      let n = 1;
+      let size = outbox[0].length + 2;
+      while (this.batching && n < outbox.length && n < BATCH_MESSAGES) {
+        size += outbox[n].length + 1;
+        if (size > this.maxMessageSize) break;
+        n += 1;
       }
-      const group = this.outbox.splice(0, BATCH_MESSAGES);
-      ws.send(`[${group.join(",")}]`);
+      const group = outbox.splice(0, n);
+      ws.send(n === 1 ? group[0] : `[${group.join(",")}]`);
     }
   }
 
@@ -372,51 +585,85 @@ export class Client extends EventTarget {
   _sendAck() {
     if (this.receivedSeq <= this.ackSent || this.connection.state !== "open") return;
     this.ackSent = this.receivedSeq;
-    this.outbox.push(JSON.stringify({ type: "ack", seq: this.receivedSeq }));
+    this.outbox.push(encode({ type: "ack", seq: this.receivedSeq }));
     this._flushSoon();
   }
 
   // -- receiving --------------------------------------------------------------------------------
 
-  _receive(text) {
-    let data;
+  /** One frame from the server (vrt/_wire/client.py's receive()). */
+  _receive(data) {
+    if (this.closed !== null) return;
     try {
-      data = JSON.parse(text);
-    } catch {
-      this._emit("error", { code: "BAD_JSON", message: "from the server: a frame that is not JSON" });
-      return;
+      this._frame(data);
+      this._ackDue();
+      this._runNext();
+    } catch (error) {
+      // a bug here, never the server's doing: reported, and the session goes on
+      this._emit("error", {
+        code: "INTERNAL",
+        message: `vrt.js failed on a frame from the server: ${error?.name ?? "Error"}: ${error?.message ?? error}`,
+      });
     }
-    if (Array.isArray(data) && this.batching) {
-      for (const item of data) {
-        this._message(item);
-        if (this.closed !== null) break; // closed is the last word
-      }
-    } else {
-      this._message(data);
-    }
-    this._ackDue();
-    this._runNext();
   }
 
-  _message(msg) {
-    if (typeof msg !== "object" || msg === null || Array.isArray(msg)) {
-      this._emit("error", { code: "BAD_MESSAGE", message: "from the server: not a JSON object" });
+  _frame(data) {
+    if (frameSize(data, this.maxMessageSize) > this.maxMessageSize) {
+      this._tooLarge();
+      return;
+    }
+    let value;
+    try {
+      if (typeof data !== "string") {
+        throw new Broken("BAD_MESSAGE", "a binary frame (vrt/1 frames are UTF-8 text)");
+      }
+      value = parse(data);
+    } catch (error) {
+      this._broken(error);
+      return;
+    }
+    if (!Array.isArray(value) || !this.batching) {
+      this._message(value, "a frame");
+      return;
+    }
+    if (value.length === 0) {
+      this._broken(new Broken("BAD_MESSAGE", "an empty batch"));
+      return;
+    }
+    for (const item of value) {
+      this._message(item, "a batch's message");
+      if (this.closed !== null) break; // closed is the last word: nothing after it is read
+    }
+  }
+
+  /** A refused frame or message: surfaced as an `error` event, then dropped. */
+  _broken(error) {
+    if (!(error instanceof Broken)) throw error;
+    this._emit("error", { code: error.code, message: `from the server: ${error.message}` });
+  }
+
+  _message(data, what) {
+    let msg;
+    try {
+      msg = structure(data, what);
+    } catch (error) {
+      this._broken(error);
       return;
     }
     if (msg.type === "ack") {
-      this.replay = this.replay.filter(([seq]) => seq > msg.seq);
+      if (msg.seq > this.sentSeq) {
+        const why = `ack ${msg.seq} is above our last seq ${this.sentSeq}`;
+        this._broken(new Broken("BAD_MESSAGE", why)); // ignored: it claims what was never sent
+      } else {
+        this._peerAcked(msg.seq);
+      }
       return;
     }
     if (msg.seq !== 0) {
       if (msg.seq <= this.receivedSeq) return; // a replay already processed
       this.receivedSeq = msg.seq;
     }
-    const handler = HANDLERS[msg.type];
-    if (handler === undefined) {
-      this._emit("error", { code: "UNKNOWN_TYPE", message: `from the server: ${msg.type}` });
-      return;
-    }
-    handler.call(this, msg);
+    HANDLERS[msg.type].call(this, msg);
   }
 
   _emit(type, detail) {
@@ -429,14 +676,22 @@ export class Client extends EventTarget {
       return;
     }
     if (this.connection.state === "reconnecting") {
+      if (msg.sessionId !== this.sessionId) {
+        this._broken(new Broken("BAD_STATE", "resumed another session"));
+        return;
+      }
       this._attempted = false;
       this.connection.send("resumed");
       this.epoch = Math.max(this.epoch, msg.epoch);
-      this.replay = this.replay.filter(([seq]) => seq > msg.lastSeq);
+      if (msg.lastSeq <= this.sentSeq) this._peerAcked(msg.lastSeq);
       this.outbox = this.replay.map(([, text]) => text);
       this.ackSent = 0;
       this._emit("resumed", { sessionId: this.sessionId });
       this._flush();
+      return;
+    }
+    if (this.connection.state !== "connecting" || msg.resumed) {
+      this._broken(new Broken("BAD_STATE", "a second welcome"));
       return;
     }
     this.connection.send("welcome");
@@ -447,7 +702,7 @@ export class Client extends EventTarget {
     this.batching = this.capabilities.includes("batch-v1");
     this.localPreviews =
       this.capabilities.includes("local-preview-v1") && this.capabilities.includes("tool-stream-v1");
-    this.replay = this.replay.filter(([seq]) => seq > msg.lastSeq);
+    if (msg.lastSeq <= this.sentSeq) this._peerAcked(msg.lastSeq);
     this._welcomed?.();
     this._flush();
   }
@@ -472,10 +727,10 @@ export class Client extends EventTarget {
     if (this.ignored.has(callId)) return;
     if (msg.phase === "start") {
       if (this.views.has(callId) || msg.epoch < this.epoch) {
-        this.ignored.add(callId); // a call of a turn the user already interrupted
+        this._ignore(callId); // a call of a turn the user already interrupted
         return;
       }
-      const view = { machine: new Machine(CALL_VIEW), first: event, fragments: [], text: null };
+      const view = { machine: new Machine(CALL_VIEW), first: event, fragments: [], chars: 0, text: null };
       this.views.set(callId, view);
       this._show(view, event);
       return;
@@ -501,9 +756,15 @@ export class Client extends EventTarget {
   _show(view, event) {
     this._emit("tool.stream", event);
     if (!this.localPreviews) return;
-    if (event.phase === "arguments-delta" && event.delta) view.fragments.push(event.delta);
-    else if (event.phase === "arguments-complete" && view.text === null) {
+    if (event.phase === "arguments-delta" && event.delta) {
+      if (view.chars < PREVIEW_KEPT) {
+        // a server that never completes the arguments: bounded here, as in Python
+        view.fragments.push(event.delta);
+        view.chars += event.delta.length;
+      }
+    } else if (event.phase === "arguments-complete" && view.text === null) {
       view.text = view.fragments.length ? view.fragments.join("") : argumentsText(event.arguments);
+      view.fragments = [];
     }
     const text = view.text ?? view.fragments.join("");
     const preview = {
@@ -515,6 +776,11 @@ export class Client extends EventTarget {
     };
     this.previews.stream(event);
     if (this.previews.wanted(preview)) this._emit("tool.preview", preview);
+  }
+
+  _ignore(callId) {
+    this.ignored.add(callId);
+    if (this.ignored.size > IGNORED_KEPT) this.ignored.delete(this.ignored.values().next().value);
   }
 
   _onToolPreview(msg) {
@@ -619,8 +885,22 @@ export class Client extends EventTarget {
   }
 
   _result(msg, result) {
-    this._send({ type: "tool.result", callId: msg.callId, epoch: msg.epoch, result });
-    this.answers.set(msg.callId, result);
+    const { callId, epoch } = msg;
+    if (!result.ok && result.message !== undefined) {
+      result = { ...result, message: cut(result.message, MESSAGE_KEPT) };
+    }
+    try {
+      this._send({ type: "tool.result", callId, epoch, result });
+    } catch (error) {
+      // an output the server would refuse, or no JSON at all: a result it takes
+      const message =
+        error instanceof VrtError && error.code === "TOO_LARGE"
+          ? `the app tool's output is over the frame limit (${this.maxMessageSize} bytes)`
+          : `output is not JSON-serialisable: ${error?.message ?? error}`;
+      result = { ok: false, code: "FAILED", message };
+      this._send({ type: "tool.result", callId, epoch, result });
+    }
+    this.answers.set(callId, result);
     if (this.answers.size > ANSWERS_KEPT) this.answers.delete(this.answers.keys().next().value);
   }
 
@@ -644,8 +924,17 @@ export class Client extends EventTarget {
   }
 }
 
+/** The JSON text of arguments that came whole (the engine's json.dumps); raw text that
+ * does not parse stays as it is (vrt/_wire/client.py's _arguments_text). */
 function argumentsText(args) {
-  return typeof args === "string" ? args : pythonJson(args);
+  if (typeof args === "string") {
+    try {
+      JSON.parse(args);
+    } catch {
+      return args;
+    }
+  }
+  return pythonJson(args);
 }
 
 const HANDLERS = {
