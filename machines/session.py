@@ -6,10 +6,19 @@ in process it is accepted at once. While ``open`` it runs turns. Losing the conn
 window reattaches a new connection; ``expire`` ends it when the window runs out. ``close``
 ends it for good from any live state (client, server, shutdown, overflow).
 
+With a store (``handover-v1``) a session can move between processes. At a turn boundary
+its process saves it and lets it go (``hand_over``: the connection is closed with 1012,
+and no ``closed`` is sent, since the session goes on elsewhere). Another process restores
+it from the store (``adopt``: it waits, ``detached``, for the client's resume), either from
+a handover or, after the process that ran it died, from its last saved boundary.
+
 Invariants:
 
 - ``closed`` is final: a closed session is never resumed;
-- only an ``open`` session can be detached, only a ``detached`` one resumed or expired.
+- ``handed_over`` is final here: the session lives on only in the store and the process
+  that adopts it;
+- only an ``open`` session can be detached, only a ``detached`` one resumed or expired;
+- an adopted session is ``detached`` until its client resumes it.
 """
 
 from statemachine import State
@@ -24,9 +33,12 @@ class Session(VrtChart):
     open = State()
     detached = State()
     closed = State(final=True)
+    handed_over = State(final=True)
 
     accept = handshaking.to(open)
+    adopt = handshaking.to(detached)
     drop = open.to(detached)
     resume = detached.to(open)
     expire = detached.to(closed)
     close = handshaking.to(closed) | open.to(closed) | detached.to(closed)
+    hand_over = open.to(handed_over) | detached.to(handed_over)

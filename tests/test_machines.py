@@ -95,10 +95,13 @@ def test_design_table_states_and_events() -> None:
             "step_done next_step finish interrupt unwound error",
             "finished interrupted failed",
         ),
+        # DESIGN.md's table, plus what handover-v1 (the production-serving issue) adds: a
+        # session saved and let go at a turn boundary (hand_over, handed_over) and one
+        # restored from the store (adopt).
         "Session": (
-            "handshaking open detached closed",
-            "accept drop resume expire close",
-            "closed",
+            "handshaking open detached closed handed_over",
+            "accept adopt drop resume expire close hand_over",
+            "closed handed_over",
         ),
         "Connection": (
             "connecting open reconnecting closed",
