@@ -695,20 +695,9 @@ def bad_page(browser: Any, server: str) -> Any:
 
 TRANSPORT = {"over-max-message-size", "no-acks", "acks", "big-output", "plain"}
 """Cases the Python client's transport decides (its core never sees the frame)."""
-PROTOCOL_ONLY = {
-    "binary": "a binary frame (vrt/1 frames are UTF-8 text)",
-    "utf-16-as-binary": "a binary frame (vrt/1 frames are UTF-8 text)",
-    "utf-16-le": "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)",
-    "utf-16-be": "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)",
-    "utf-32-le": "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)",
-}
-"""Frames the protocol makes BAD_MESSAGE (binary, JSON not in UTF-8), which the Python
-client parses today: its side of the fix is another change."""
 
 
-@pytest.mark.parametrize(
-    "name", [n for n in CASES if n not in TRANSPORT and n not in PROTOCOL_ONLY]
-)
+@pytest.mark.parametrize("name", [n for n in CASES if n not in TRANSPORT])
 def test_the_page_takes_broken_frames_as_the_python_client_does(
     bad_page: Any, bad_server: BadServer, name: str
 ) -> None:
@@ -718,14 +707,6 @@ def test_the_page_takes_broken_frames_as_the_python_client_does(
     got = page_sees(bad_page, bad_server, name)
     assert not [e for e in got if e[:2] == ["error", "INTERNAL"]], got
     assert _gist(got) == _gist(python_sees(CASES[name]))
-
-
-@pytest.mark.parametrize("name", sorted(PROTOCOL_ONLY))
-def test_binary_frames_and_json_not_in_utf8_are_bad_messages(
-    bad_page: Any, bad_server: BadServer, name: str
-) -> None:
-    got = page_sees(bad_page, bad_server, name)
-    assert got == [["error", "BAD_MESSAGE", f"from the server: {PROTOCOL_ONLY[name]}"]]
 
 
 def test_a_frame_over_max_message_size_ends_the_session_as_in_python(
@@ -851,3 +832,35 @@ def test_the_page_sends_no_frame_over_max_message_size(
     (expected,) = (json.loads(f) for f in client.take_outbox())
     assert result["result"] == expected["result"]
     assert result["result"]["code"] == "FAILED"
+
+
+OPTIONS = """async ([url, options]) => {
+  const { connect } = await import("/vrt.js");
+  try {
+    const client = await connect(url, options);
+    await client.close();
+    return [client.maxMessageSize, client.replayLimit, client.replayLimitBytes];
+  } catch (error) {
+    return [error.name, error.message];
+  }
+}"""
+
+
+def _range(name: str, least: int, value: int) -> list[str]:
+    return ["RangeError", f"{name} must be a whole number of at least {least}, not {value}"]
+
+
+@pytest.mark.parametrize(
+    ("options", "got"),
+    [
+        ({}, [1 << 20, 10_000, 2 << 20]),
+        ({"maxMessageSize": 4 << 20}, [4 << 20, 10_000, 8 << 20]),  # room for two frames
+        ({"maxMessageSize": 1000}, _range("maxMessageSize", 1024, 1000)),
+        ({"replayLimit": 0}, _range("replayLimit", 1, 0)),
+        ({"replayLimitBytes": 1 << 20}, _range("replayLimitBytes", 2 << 20, 1 << 20)),
+    ],
+)
+def test_the_limits_default_to_the_python_clients(
+    bad_page: Any, bad_server: BadServer, options: dict[str, int], got: list[Any]
+) -> None:
+    assert run_js(bad_page, OPTIONS, [bad_server.url + "plain", options]) == got

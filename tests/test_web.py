@@ -526,3 +526,26 @@ def test_patterns_match_what_python_re_search_matches(tmp_path: Path) -> None:
 def test_patterns_that_read_differently_are_refused(pattern: str) -> None:
     with pytest.raises(ValueError, match="pattern"):
         webschemas.js_pattern(pattern)
+
+
+def test_vrt_d_ts_declares_what_vrt_js_exports() -> None:
+    """The declarations are written by hand: every export of vrt.js has one, and nothing
+    else is declared (the types themselves are checked by tsc against tests/web/usage.ts)."""
+    assert NODE is not None, "node is needed (.ci/run installs it)"
+    script = f"""
+    const module = await import({json.dumps((webtables.WEB / "vrt.js").as_uri())});
+    console.log(JSON.stringify(Object.keys(module)));
+    """
+    done = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    declared = re.findall(
+        r"^export declare (?:const|function|class) (\w+)",
+        (webtables.WEB / "vrt.d.ts").read_text(),
+        re.MULTILINE,
+    )
+    assert sorted(json.loads(done.stdout)) == sorted(declared)

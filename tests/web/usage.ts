@@ -1,5 +1,15 @@
 // A small typed use of vrt.js: `tsc --noEmit` checks it against vrt/web/vrt.d.ts (CI).
-import { CAPABILITIES, connect, LEGACY, type AppTool, type ToolStreamDetail } from "../../vrt/web/vrt.js";
+import {
+  CAPABILITIES,
+  connect,
+  LEGACY,
+  MAX_MESSAGE_SIZE,
+  REPLAY_LIMIT_BYTES,
+  VrtError,
+  type AppTool,
+  type ClosedReason,
+  type ToolStreamDetail,
+} from "../../vrt/web/vrt.js";
 
 interface Edit {
   text: string;
@@ -18,7 +28,16 @@ const edit: AppTool<Edit, { done: boolean }> = {
 };
 
 export async function main(url: string): Promise<void> {
-  const client = await connect(url, { tools: [edit], capabilities: CAPABILITIES, resume: { timeout: 5000 } });
+  const client = await connect(url, {
+    tools: [edit],
+    capabilities: CAPABILITIES,
+    resume: { timeout: 5000 },
+    maxMessageSize: 4 * MAX_MESSAGE_SIZE,
+    replayLimit: 1000,
+    replayLimitBytes: 2 * REPLAY_LIMIT_BYTES,
+  });
+  const limits: number[] = [client.maxMessageSize, client.replayLimit, client.replayLimitBytes];
+  client.addEventListener("error", (e) => console.log(e.detail.code, e.detail.message, e.detail.ref ?? 0));
   const phases: ToolStreamDetail["phase"][] = [];
   client.addEventListener("tool.stream", (e) => {
     phases.push(e.detail.phase);
@@ -26,11 +45,18 @@ export async function main(url: string): Promise<void> {
   });
   client.addEventListener("tool.preview", (e) => console.log(e.detail.arguments.length, e.detail.complete));
   client.addEventListener("confirm.request", (e) => {
-    void (e.detail.risk === "high" ? e.detail.deny("no") : e.detail.approve());
+    void (e.detail.risk === "high" || e.detail.risk === null ? e.detail.deny("no") : e.detail.approve());
   });
   client.addEventListener("turn.ended", (e) => console.log(e.detail.reason, e.detail.epoch));
-  client.addEventListener("closed", (e) => console.log(e.detail.reason));
-  await client.sendText("hello");
+  client.addEventListener("closed", (e) => {
+    const reason: ClosedReason = e.detail.reason;
+    if (reason === "too_large" || reason === "overflow") console.log("not resumable", limits);
+  });
+  try {
+    await client.sendText("hello");
+  } catch (error) {
+    if (error instanceof VrtError && error.code === "TOO_LARGE") console.log(error.message);
+  }
   client.interrupt();
   const epoch: number = client.epoch;
   const legacy: readonly string[] = LEGACY;

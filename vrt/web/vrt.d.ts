@@ -6,6 +6,10 @@ export declare const PROTOCOL: "vrt/1";
 export declare const CAPABILITIES: readonly Capability[];
 /** The wire of one object a frame, previews on the wire. */
 export declare const LEGACY: readonly Capability[];
+/** The defaults of {@link ConnectOptions}: the Python client's. */
+export declare const MAX_MESSAGE_SIZE: number;
+export declare const REPLAY_LIMIT: number;
+export declare const REPLAY_LIMIT_BYTES: number;
 
 export type Capability = "tool-stream-v1" | "batch-v1" | "local-preview-v1" | (string & {});
 export type Phase =
@@ -24,7 +28,8 @@ export type ClosedReason =
   | "rejected"
   | "overflow"
   | "shutdown"
-  | "lost";
+  | "lost"
+  | "too_large";
 export type AbortReason = "interrupted" | "timeout" | "aborted" | "closed";
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 
@@ -64,6 +69,18 @@ export interface ConnectOptions {
   capabilities?: readonly Capability[];
   /** false: a lost connection ends the session (`closed` with reason "lost"). */
   resume?: boolean | ResumeOptions;
+  /** The largest frame, both ways (default 1 MiB, at least 1024): bytes of a frame this
+   * client writes (it writes ASCII), code points of a text frame from the server. A larger
+   * one from the server ends the session (`closed` with reason "too_large", no resume);
+   * `sendText` or `deny` rejects with VrtError TOO_LARGE rather than send one, and an app
+   * tool's output over it is answered FAILED. */
+  maxMessageSize?: number;
+  /** Messages the server has not acked that the client keeps for a resume (default
+   * 10000). Over it, the session ends: `closed` with reason "overflow". */
+  replayLimit?: number;
+  /** The same bound in bytes (default 2 MiB, or twice maxMessageSize if more; at least
+   * twice maxMessageSize). */
+  replayLimitBytes?: number;
 }
 
 /** One lifecycle event of one call (the `tool.stream` message). */
@@ -111,12 +128,16 @@ export interface ConfirmRequestDetail {
   callId: string;
   name: string;
   arguments: Json;
-  risk: "low" | "medium" | "high";
+  risk: "low" | "medium" | "high" | null;
   prompt: string;
   approve(): Promise<void>;
   deny(reason?: string): Promise<void>;
 }
 
+/** A protocol error: one the server sent (with its `ref`), or a frame from the server
+ * this client refused, with the Python client's code and message ("from the server: ..."):
+ * BAD_JSON, BAD_MESSAGE (not an object, a binary frame, the schema), UNKNOWN_TYPE,
+ * BAD_STATE; INTERNAL for a failure of vrt.js itself. The session goes on. */
 export interface ErrorDetail {
   code: string;
   message: string;
@@ -152,6 +173,9 @@ export declare class VrtError extends Error {
 
 export declare class Client extends EventTarget {
   readonly url: string;
+  readonly maxMessageSize: number;
+  readonly replayLimit: number;
+  readonly replayLimitBytes: number;
   /** The negotiated capabilities (the intersection). */
   readonly capabilities: Capability[];
   readonly sessionId: string | null;

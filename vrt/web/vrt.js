@@ -138,12 +138,10 @@ function frameSize(data, limit) {
   return data.byteLength ?? data.size ?? 0;
 }
 
-/** vrt/_wire/codec.py's parse(): a text frame's JSON, or Broken. */
+/** vrt/_wire/codec.py's parse(): a text frame's JSON, or Broken. (UTF-16 or UTF-32 bytes
+ * in a text frame, valid UTF-8 when they are ASCII, are no JSON: BAD_JSON, as in Python;
+ * in a binary frame they are BAD_MESSAGE, as any binary frame.) */
 function parse(text) {
-  if (text.charCodeAt(0) === 0 || text.charCodeAt(1) === 0) {
-    // JSON's first two characters are ASCII: a NUL among them is UTF-16 or UTF-32 (RFC 4627)
-    throw new Broken("BAD_MESSAGE", "a frame in UTF-16 or UTF-32 (vrt/1 frames are UTF-8 text)");
-  }
   if (text.length > MAX_DEPTH) refuseWhatPythonRefuses(text);
   try {
     return JSON.parse(text);
@@ -615,7 +613,7 @@ export class Client extends EventTarget {
     let value;
     try {
       if (typeof data !== "string") {
-        throw new Broken("BAD_MESSAGE", "a binary frame (vrt/1 frames are UTF-8 text)");
+        throw new Broken("BAD_MESSAGE", "a binary frame: vrt/1 frames are text (UTF-8)");
       }
       value = parse(data);
     } catch (error) {
