@@ -589,7 +589,7 @@ def bad_server() -> Iterator[BadServer]:
         process.communicate()
 
 
-BROKEN = """async ([url, patch]) => {
+BROKEN = """async ([url, patch, go]) => {
   const { connect } = await import("/vrt.js");
   const events = [];
   const short = (text) => (typeof text === "string" && [...text].length > 80 ?
@@ -621,6 +621,7 @@ BROKEN = """async ([url, patch]) => {
     seen("reconnecting", () => []);
     seen("closed", (d) => [d.reason]);
   });
+  if (go) await client.sendText("go");
   await over;
   if (client.closed === null) await client.close();
   return JSON.stringify(events);
@@ -683,7 +684,8 @@ def _gist(events: list[list[Any]]) -> list[list[Any]]:
 
 
 def page_sees(page: Any, server: BadServer, name: str, patch: bool = False) -> list[list[Any]]:
-    events: list[list[Any]] = json.loads(run_js(page, BROKEN, [server.url + name, patch]))
+    arg = [server.url + name, patch, CASES[name].go]
+    events: list[list[Any]] = json.loads(run_js(page, BROKEN, arg))
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
     return events
 
@@ -721,6 +723,7 @@ def test_a_frame_over_max_message_size_ends_the_session_as_in_python(
     async def python() -> list[list[Any]]:
         async with vrt.connect(bad_server.url + "over-max-message-size") as client:
             async with client.subscribe() as events:
+                await client.send_text("go")
                 with trio.fail_after(10):
                     return [e for e in map(_shape, [x async for x in events]) if e is not None]
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import vrt
 from vrt._cli import main, webschemas, webtables
+from vrt._core import fastcheck
 from vrt._core.fastcheck import compile_schema
 from vrt._core.tables import Table
 from vrt._wire import codec
@@ -479,6 +480,7 @@ def test_the_differences_json_parse_leaves(node: Node) -> None:
         ({"type": "object", "additionalProperties": {"type": "string"}}, "true or false"),
         ({"properties": {"0": {}}}, "looks like an array index"),
         ({"items": {"minItems": 2}}, "unsupported keyword 'minItems'"),
+        ({"propertyNames": {}}, "unsupported keyword 'propertyNames'"),
         ({"pattern": "^\\d+$"}, "reads differently"),
     ],
 )
@@ -487,6 +489,28 @@ def test_the_generator_refuses_what_fastcheck_does_not_compile(
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(why)):
         webschemas.schemas_js({"x": schema})
+
+
+def test_the_checker_reads_exactly_fastchecks_keywords(node: Node) -> None:
+    """If fastcheck learns a keyword, the generator refuses it until the checker reads it
+    too; and the checker reads every keyword it claims to."""
+    compiled = {
+        *fastcheck._IGNORED,
+        *fastcheck._KEYWORDS,
+        *("properties", "required", "additionalProperties", "if", "then", "else"),
+        "uniqueItems",
+    }
+    assert compiled == webschemas.KEYWORDS
+    pattern = ALL_SCHEMAS["hello"]["properties"]["tools"]["items"]["properties"]["name"]
+    samples: dict[str, Any] = {"type": "string", "const": 0, "enum": [0], "minimum": 0,
+                               "maximum": 0, "minLength": 0, "pattern": pattern["pattern"],
+                               "items": {}, "uniqueItems": True, "properties": {},
+                               "required": [], "additionalProperties": False, "allOf": [{}],
+                               "anyOf": [{}], "not": False, "if": {}, "then": {}, "else": {},
+                               **dict.fromkeys(webschemas.IGNORED, "")}  # fmt: skip
+    assert samples.keys() == compiled
+    for keyword, value in samples.items():
+        assert not isinstance(node.explain({keyword: value}, "0"), dict), keyword
 
 
 def test_the_checker_throws_on_a_keyword_it_does_not_know(node: Node) -> None:

@@ -31,6 +31,9 @@ class Case:
     """What the welcome grants (the client offers all three)."""
     acks: bool = False
     """Whether the server acks what the client sends (else it never does)."""
+    go: bool = False
+    """Whether the frames wait for the client's first ``input`` (a Python client can
+    subscribe only once connected: what comes before it would be missed)."""
 
 
 def frame(**fields: Any) -> str:
@@ -152,7 +155,7 @@ CASES: dict[str, Case] = {
     ),
     "closed-by-the-server": Case((frame(type="closed", seq=2, reason="server"), delta(3))),
     # the frame's size: the limit counts code points (trio-websocket's len), not UTF-16 units
-    "over-max-message-size": Case((delta(2, "a"), delta(3, "x" * LIMIT), delta(4, "b"))),
+    "over-max-message-size": Case((delta(2, "a"), delta(3, "x" * LIMIT), delta(4, "b")), go=True),
     "wide-characters-under-the-limit": Case(
         (
             json.dumps(
@@ -321,6 +324,9 @@ async def handler(request: WebSocketRequest) -> None:
         granted = [c for c in hello["capabilities"] if c in case.capabilities]
         await ws.send_message(frame(type="welcome", seq=1, **WELCOME, capabilities=granted,
                                     lastSeq=hello["seq"]))  # fmt: skip
+        if case.go:
+            while (await receive())["type"] != "input":
+                pass
         for text in case.frames:
             await ws.send_message(text)
         await ws.send_message(frame(type="text.delta", seq=0, turnId="end", text="end"))

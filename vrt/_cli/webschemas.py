@@ -28,6 +28,17 @@ from vrt._wire import messages as m
 
 IGNORED = ("$schema", "$id", "title", "description")
 """Keys fastcheck ignores: left out of the generated data."""
+KEYWORDS = frozenset(
+    {
+        *IGNORED,
+        *("type", "const", "enum", "minimum", "maximum", "minLength", "pattern", "items"),
+        *("uniqueItems", "properties", "required", "additionalProperties"),
+        *("allOf", "anyOf", "not", "if", "then", "else"),
+    }
+)
+"""What the checker reads (its KEYWORDS below): fastcheck's subset, no more and no less (a
+test keeps the two equal, so a keyword fastcheck learns is refused here until the checker
+reads it too)."""
 
 _SUBSCHEMA = ("items", "not", "if", "then", "else")
 _SUBSCHEMAS = ("allOf", "anyOf")
@@ -64,6 +75,9 @@ def _subschemas(schema: Any) -> Iterator[Any]:
     yield schema
     if not isinstance(schema, dict):
         return
+    unknown = sorted(schema.keys() - KEYWORDS)
+    if unknown:
+        raise ValueError(f"the browser's checker does not read {', '.join(unknown)}")
     for name, sub in schema.get("properties", {}).items():
         if re.fullmatch(r"0|[1-9][0-9]*", name):
             # JavaScript orders such keys first: the error order would not be the schema's
@@ -136,7 +150,7 @@ def checked(schemas: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]
     patterns: dict[str, str] = {}
     for name, schema in schemas.items():
         compile_schema(schema)  # fastcheck's subset, and nothing else
-        for sub in _subschemas(schema):
+        for sub in _subschemas(schema):  # the checker's, the same
             if isinstance(sub, dict) and "pattern" in sub:
                 patterns[sub["pattern"]] = js_pattern(sub["pattern"])
         data[name] = _strip(schema)
