@@ -5,9 +5,9 @@ machines, and its connection's Connection machine, through tables written here f
 same compiled tables the Python cores use (:mod:`vrt._core.tables`), so the classes in
 ``machines/`` stay the one source. It checks every server message against the schemas
 of ``vrt/_wire/schemas/``, written into the same file (:mod:`vrt._cli.webschemas`): the
-HTTP front serves a fixed list of files, and one generated module is one more import
-for the page, not two. ``vrt diagrams`` writes the file; ``vrt diagrams --check`` fails
-when it is stale, like the diagrams.
+HTTP front serves a fixed list of files, and the page imports one generated module, not
+two. ``vrt diagrams`` writes the file; ``vrt diagrams --check`` fails when it is stale,
+like the diagrams.
 """
 
 from __future__ import annotations

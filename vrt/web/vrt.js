@@ -68,9 +68,7 @@ export function pythonJson(value) {
     return Number.isFinite(value) ? pyNumber(value) : value > 0 ? "Infinity" : "-Infinity";
   }
   if (typeof value === "string") {
-    return JSON.stringify(value).replace(/[\u0080-\uffff]/g, (c) =>
-      `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
-    );
+    return ascii(JSON.stringify(value));
   }
   if (Array.isArray(value)) return `[${value.map(pythonJson).join(", ")}]`;
   const items = Object.entries(value).map(([k, v]) => `${pythonJson(k)}: ${pythonJson(v)}`);
@@ -128,7 +126,17 @@ class Broken extends Error {
 /** A message as the frame Python's codec writes: compact JSON in ASCII (every other
  * character escaped), so its length is its size in bytes, as the Python side counts. */
 function encode(message) {
-  return JSON.stringify(message).replace(/[\u007f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+  return ascii(JSON.stringify(message));
+}
+
+/** JSON text with every character past ASCII escaped, and DEL, as Python's ensure_ascii
+ * escapes them (JSON.stringify escapes the control characters already). */
+function ascii(json) {
+  return json.replace(/[\u007f-\uffff]/g, (c) => `\\u${hex4(c)}`);
+}
+
+function hex4(c) {
+  return c.charCodeAt(0).toString(16).padStart(4, "0");
 }
 
 /** A frame's size as trio-websocket counts it for the Python client's limit: bytes of a
@@ -173,7 +181,8 @@ function refuseWhatPythonRefuses(text) {
       const next = text.charCodeAt(i + 1);
       const digits = i + 1 - start;
       if (digits > MAX_DIGITS && next !== 46 && next !== 69 && next !== 101) {
-        throw new Broken("BAD_JSON", `the frame is not JSON: an integer of ${digits} digits (the limit is ${MAX_DIGITS})`);
+        const why = `an integer of ${digits} digits (the limit is ${MAX_DIGITS})`;
+        throw new Broken("BAD_JSON", `the frame is not JSON: ${why}`);
       }
       while (isNumberPart(text.charCodeAt(i + 1))) i++; // its fraction and exponent
     }
@@ -182,6 +191,7 @@ function refuseWhatPythonRefuses(text) {
 
 const isDigit = (c) => c >= 48 && c <= 57;
 const isNumberPart = (c) => isDigit(c) || c === 46 || c === 69 || c === 101 || c === 43 || c === 45;
+// (. E e + -: what may follow a number's integer part)
 
 /** vrt/_wire/codec.py's structure(), without the records: the message, checked against
  * its type's schema, or Broken. */
@@ -197,7 +207,8 @@ function structure(data, what) {
   const problem = explain(SCHEMAS[type], data);
   if (problem !== null) {
     const [path, message] = problem;
-    throw new Broken("BAD_MESSAGE", `${type}: ${path.join("/") || "(message)"}: ${shorten(message)}`);
+    const where = path.join("/") || "(message)";
+    throw new Broken("BAD_MESSAGE", `${type}: ${where}: ${shorten(message)}`);
   }
   return data;
 }
@@ -458,7 +469,7 @@ export class Client extends EventTarget {
     this._resumeDelay = Math.min(this.resumeOptions.maxBackoff, delay * 2);
   }
 
-  _finish(reason, tell = true, code = 1000) {
+  _finish(reason, tell = true, closeCode = 1000) {
     if (this.closed !== null) return;
     this.closed = reason;
     if (!this.connection.final) this.connection.send("close");
@@ -467,10 +478,11 @@ export class Client extends EventTarget {
     this.views.clear();
     const ws = this.ws;
     this.ws = null;
-    if (ws && ws.readyState <= 1) ws.close(code);
+    if (ws && ws.readyState <= 1) ws.close(closeCode);
     if (this._refused) {
       // still opening: connect() fails, for good (a refusal already failed it: no-op)
-      const error = new VrtError(reason === "too_large" ? "TOO_LARGE" : "CLOSED", `the session ended before its welcome (${reason})`);
+      const code = reason === "too_large" ? "TOO_LARGE" : "CLOSED";
+      const error = new VrtError(code, `the session ended before its welcome (${reason})`);
       error.final = true;
       this._refused(error);
     }
@@ -507,7 +519,7 @@ export class Client extends EventTarget {
    * refuse it, and a resume would replay it forever. */
   _send(fields) {
     this.outbox.push(this._numbered(fields));
-    if (this._overflowed) this._overflow();
+    if (this._overflowed && !this._closing) this._overflow(); // (a close ends it anyway)
     else this._flushSoon();
   }
 
@@ -522,7 +534,8 @@ export class Client extends EventTarget {
     if (text.length > this.maxMessageSize) {
       throw new VrtError(
         "TOO_LARGE",
-        `a ${fields.type} frame of ${text.length} bytes is over maxMessageSize (${this.maxMessageSize})`,
+        `a ${fields.type} frame of ${text.length} bytes is over maxMessageSize ` +
+          `(${this.maxMessageSize})`,
       );
     }
     this.sentSeq = seq;
@@ -598,10 +611,8 @@ export class Client extends EventTarget {
       this._runNext();
     } catch (error) {
       // a bug here, never the server's doing: reported, and the session goes on
-      this._emit("error", {
-        code: "INTERNAL",
-        message: `vrt.js failed on a frame from the server: ${error?.name ?? "Error"}: ${error?.message ?? error}`,
-      });
+      const why = `${error?.name ?? "Error"}: ${error?.message ?? error}`;
+      this._emit("error", { code: "INTERNAL", message: `vrt.js failed on a frame from the server: ${why}` });
     }
   }
 
@@ -728,7 +739,8 @@ export class Client extends EventTarget {
         this._ignore(callId); // a call of a turn the user already interrupted
         return;
       }
-      const view = { machine: new Machine(CALL_VIEW), first: event, fragments: [], chars: 0, text: null };
+      const machine = new Machine(CALL_VIEW);
+      const view = { machine, first: event, fragments: [], chars: 0, text: null };
       this.views.set(callId, view);
       this._show(view, event);
       return;
