@@ -50,24 +50,26 @@ _QUANTIFIER = re.compile(r"\{\d+(,\d*)?\}")
 
 def server_schemas() -> dict[str, Any]:
     """Every server-to-client message type and its schema, as ``vrt/_wire/schemas/`` has
-    it, without the keys the checker ignores."""
+    it."""
     return {cls.TYPE: codec.schema_of(cls.TYPE) for cls in m.SERVER_TYPES}
 
 
 def _strip(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        return {
-            k: {n: _strip(s) for n, s in v.items()}
-            if k == "properties"
-            else [_strip(s) for s in v]
-            if k in _SUBSCHEMAS
-            else _strip(v)
-            if k in _SUBSCHEMA
-            else v
-            for k, v in schema.items()
-            if k not in IGNORED
-        }
-    return schema
+    """``schema`` without the keys the checker ignores, at every level."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in IGNORED:
+            continue
+        if key == "properties":
+            value = {name: _strip(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMAS:
+            value = [_strip(sub) for sub in value]
+        elif key in _SUBSCHEMA:
+            value = _strip(value)
+        out[key] = value
+    return out
 
 
 def _subschemas(schema: Any) -> Iterator[Any]:
