@@ -258,6 +258,64 @@ class Session:
         self._preview_listeners.clear()
         self._rewatch()
 
+    def hand_over(self) -> None:
+        """This process lets the session go, between turns, to go on elsewhere (a server
+        with a store): its nursery is cancelled and its subscribers' iterations end, with
+        no :class:`~vrt.Closed` (it is not over). Idempotent once final."""
+        if self._machine.final:
+            return
+        if self._turn is not None:
+            raise RuntimeError("a session is handed over between turns only")
+        self._machine.send("hand_over")
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        forget = getattr(self.agent.model, "forget", None)
+        if callable(forget):
+            forget(self.session_id)
+        for channel in self.subscribers:
+            channel.close()
+        self.subscribers.clear()
+        self.listeners.clear()
+        self._preview_subscribers.clear()
+        self._preview_listeners.clear()
+        self._rewatch()
+
+    @property
+    def turns(self) -> int:
+        """How many turns the session started."""
+        return self._turns
+
+    def restore(
+        self, history: Iterable[HistoryItem], *, epoch: int, turns: int, model_state: Any = None
+    ) -> None:
+        """Go on from a saved session (another process ran it): its history, epoch and turn
+        count, and what the model kept for it (``restore_session``, if the model has it).
+        Before the first turn only."""
+        if self._turns or self.history:
+            raise RuntimeError("a session is restored before its first turn only")
+        self.record(*history)
+        for item in self.history:
+            if isinstance(item, CallRecord):
+                self._call_ids.add(item.call_id)
+        self.epoch = epoch
+        self._turns = turns
+        restore = getattr(self.agent.model, "restore_session", None)
+        if model_state is not None and callable(restore):
+            restore(self.session_id, model_state)
+
+    def skip_turns(self, turn_ids: Iterable[str]) -> None:
+        """Number the next turns after these (turns a crashed process started, which this
+        one never saw: their ids are not given again)."""
+        for turn_id in turn_ids:
+            head, _, number = turn_id.partition("_")
+            if head == "t" and number.isdigit():
+                self._turns = max(self._turns, int(number))
+
+    def model_state(self) -> Any:
+        """What the model keeps for this session (``session_state``), JSON, or None."""
+        state = getattr(self.agent.model, "session_state", None)
+        return state(self.session_id) if callable(state) else None
+
     async def host(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the nursery the session's turns run in, until :meth:`close` cancels it.
 

@@ -19,19 +19,23 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vrt._core.bounded import RecentSet
-from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream
+from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._core.previews import Previews
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.call import Call
 from vrt._engine.session import Session
 from vrt._errors import SessionClosed
 from vrt._net.frames import messages_of
+from vrt._net.handover import State, TooLarge, limit_bytes, principal_hash, snapshot, token_hash
 from vrt._net.link import Link, RateLimit, send_and_close
 from vrt._net.pumps import cancelled
+from vrt._net.relay import HANDOVER_CLOSE
+from vrt._net.store import StoreError
+from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import ServerProtocol
-from vrt.models import ToolSpec
+from vrt.models import ToolSpec, TurnInterrupted, UserInput
 
 if TYPE_CHECKING:
     from vrt._net.accept import GuardedStream
@@ -41,15 +45,27 @@ log = logging.getLogger("vrt.server")
 
 STALL_TIMEOUT = 30.0
 """A connected client held at the high water mark this long without acking is closed."""
+HELD_FRAMES = 1000
+"""Frames held while a handover's last save is under way (a rate-limited client sends at
+most about a hundred a second; a save takes milliseconds)."""
 
 
 class SessionActor:
     """One session's actor: the protocol pumped, the session driven, across connections."""
 
     def __init__(
-        self, hub: Hub, proto: ServerProtocol, hello: m.Hello, principal: Any, peer: Any
+        self,
+        hub: Hub,
+        proto: ServerProtocol,
+        hello: m.Hello,
+        principal: Any,
+        peer: Any,
+        *,
+        restored: State | None = None,
     ) -> None:
         self.hub = hub
+        self.restored = restored
+        """The saved state this session goes on from (adopted from another node), if any."""
         self.peer = peer
         """Whom ``max_sessions_per_peer`` counts this session for."""
         self.agent = hub.agent
@@ -77,12 +93,25 @@ class SessionActor:
         # newest calls only, so a long session does not grow by every call.
         self.issued: RecentSet[str] = RecentSet(1000)
         self.answered: RecentSet[str] = RecentSet(1000)
+        self.lost_calls: RecentSet[str] = RecentSet(1000)
+        """Calls of a turn lost with a crashed node, ended at the adoption."""
         self._previews = Previews()
         self._wire_previews = True
         """Whether ``tool.preview`` frames go out (not with ``local-preview-v1``)."""
         self._piece = self.options.max_message_size // 16
         """Characters of model text or argument fragment per frame, at most (a character
         may take 12 bytes escaped: an emoji is written as two \\u escapes)."""
+        # With a store: the state saved at the last turn boundary, not yet written, and
+        # the lock that keeps saves (and the handover's last one) in order.
+        self._unsaved: bytes | None = None
+        self._save_wanted: trio.Event | None = None
+        self._save_lock = trio.Lock()
+        self._held: list[str | bytes] | None = None
+        """Frames read while a handover's last save is under way (see :meth:`receive`)."""
+        self.move_at_boundary = False
+        """Hand the session over at its next turn boundary (a drain, or a connection
+        relayed from another node: the session goes where its client is)."""
+        self.handed_over = False
 
     @property
     def log_id(self) -> str:
@@ -135,15 +164,22 @@ class SessionActor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the session until it closes or expires: one task and one nursery, which its
         turns share (the fewer per session, the more sessions fit: bench/load.py)."""
+        node = self.hub.node
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 session = self._open_session(nursery)
+                if node is not None:
+                    self._save_wanted = trio.Event()
+                    nursery.start_soon(self._saver)
                 try:
                     task_status.started()
                     await self._expiry()
                 finally:
-                    session.close("client")  # cancels the nursery: the turns end with it
+                    if self.handed_over:
+                        session.hand_over()
+                    else:
+                        session.close("client")  # cancels the nursery: the turns end with it
         except Exception:  # a bug: the peer learns only that it happened
             log.exception("session %s failed", self.log_id)
             if self.proto.in_session:
@@ -153,9 +189,16 @@ class SessionActor:
             self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
-            log.info("session %s ended (%s)", self.log_id, self.proto.closed_reason)
+            if self.handed_over:
+                log.info("session %s handed over", self.log_id)
+            else:
+                log.info("session %s ended (%s)", self.log_id, self.proto.closed_reason)
             self.flush()
             self._drop_link()
+            if node is not None:
+                node.forget(self.proto.session_id)
+                if not self.handed_over and self.proto.closed_reason != "shutdown":
+                    await self._forget_in_store()
 
     def _open_session(self, nursery: trio.Nursery) -> Session:
         specs = [
@@ -176,6 +219,15 @@ class SessionActor:
                 self.log_id,
                 ", ".join(sorted(session.ignored_app_tools)[:5]),
             )
+        restored = self.restored
+        if restored is not None:
+            session.restore(
+                restored.history,
+                epoch=restored.epoch,
+                turns=restored.turns,
+                model_state=restored.model,
+            )
+            self._turned = restored.turned
         session.run_in(nursery)
         session.pace = self._pace
         session.max_open_calls = self.options.max_open_calls
@@ -274,7 +326,16 @@ class SessionActor:
             link.finish()
 
     def receive(self, frame: str | bytes) -> None:
-        """One frame from the connection carrying the session (past the rate limit)."""
+        """One frame from the connection carrying the session (past the rate limit).
+
+        While the session is being handed over, frames are held, not read: the saved
+        state does not count them, so the client sends them again to the next process
+        (its resume replays what that process's ``welcome`` says it lacks). Read if the
+        handover fails."""
+        if self._held is not None:
+            if len(self._held) < HELD_FRAMES:
+                self._held.append(frame)
+            return
         proto = self.proto
         session = self.session
         assert session is not None
@@ -352,6 +413,204 @@ class SessionActor:
                 # terminal phase first, then tool.abort, so the tool learns why it stops.
                 proto.send(m.ToolAbort, call_id=event.call_id)
         self.flush()
+        if self._save_wanted is not None and type(event) in (TurnStarted, TurnEnded):
+            self._boundary(event.turn_id if type(event) is TurnStarted else None)
+
+    # -- the store (handover-v1) -------------------------------------------------------------------
+
+    def state(self, open_turn: str | None) -> State:
+        """The session as it is now, for the store (at a turn boundary)."""
+        proto = self.proto
+        session = self.session
+        assert session is not None
+        return State(
+            session_id=proto.session_id,
+            token_hash=token_hash(proto.resume_token),
+            principal_hash=principal_hash(self.principal),
+            capabilities=proto.capabilities,
+            tools=tuple(codec.to_plain(t) for t in self.hello.tools),
+            epoch=session.epoch,
+            turns=session.turns,
+            open_turn=open_turn,
+            turned=self._turned,
+            history=tuple(session.history),
+            sent_seq=proto.sent_seq,
+            received_seq=proto.received_seq,
+            acked_by_peer=proto.acked_by_peer,
+            replay=tuple(proto.replay),
+            inputs=tuple(text for text, _ in self._inputs),
+            model=session.model_state(),
+        )
+
+    def _snapshot(self, open_turn: str | None) -> bytes | None:
+        options = self.options
+        try:
+            return snapshot(
+                self.state(open_turn),
+                limit_bytes(options.max_history_bytes, options.replay_limit_bytes),
+            )
+        except TooLarge as exc:
+            log.warning("session %s: not saved (%s): it cannot move", self.log_id, exc)
+            return None
+
+    def _boundary(self, open_turn: str | None) -> None:
+        """A turn started or ended: save the session (by the saver task, in order); at the
+        end of a turn, hand it over if asked to."""
+        if not self.proto.in_session or self.handed_over:
+            return
+        data = self._snapshot(open_turn)
+        if data is not None:
+            self._unsaved = data
+            assert self._save_wanted is not None
+            self._save_wanted.set()
+        if open_turn is None and self.move_at_boundary and self._nursery is not None:
+            self._nursery.start_soon(self.hand_over)
+
+    async def _saver(self) -> None:
+        """Write each boundary's state to the store, the newest only when several wait."""
+        node = self.hub.node
+        assert node is not None
+        while True:
+            assert self._save_wanted is not None
+            await self._save_wanted.wait()
+            self._save_wanted = trio.Event()
+            async with self._save_lock:
+                data, self._unsaved = self._unsaved, None
+                if data is None or self.handed_over:
+                    continue
+                try:
+                    kept = await node.store.save(
+                        self.proto.session_id, node.name, node.name, data, node.record_ttl
+                    )
+                except StoreError as exc:
+                    log.warning("session %s: not saved: %s", self.log_id, exc)
+                    continue
+            if not kept:
+                self._taken()
+
+    def _taken(self) -> None:
+        """Another node adopted this session (this one's lease ran out, the store said so
+        at a save): let it go, and send the client there (1012)."""
+        if self.handed_over or not self.proto.in_session:
+            return
+        log.warning("session %s: another node took it over: let go here", self.log_id)
+        self._let_go()
+
+    @property
+    def idle(self) -> bool:
+        """Between turns: no turn open, none waiting to start."""
+        session = self.session
+        return session is not None and session.turn is None and not self._inputs
+
+    async def hand_over(self) -> bool:
+        """Save the session for another node and let it go here, now (it must be between
+        turns): its connection is closed with 1012 (the client resumes elsewhere), no
+        ``closed``. False if it cannot (no store, a turn open, the store failed): the
+        session goes on here."""
+        node = self.hub.node
+        if node is None or self.handed_over or not self.proto.in_session or not self.idle:
+            return False
+        async with self._save_lock:
+            data = self._snapshot(None)
+            if data is None or not self.idle:
+                return False
+            self._unsaved = None
+            self._held = []
+            try:
+                kept = await node.store.save(
+                    self.proto.session_id, node.name, "", data, node.record_ttl
+                )
+            except StoreError as exc:
+                log.warning("session %s: cannot hand over: %s", self.log_id, exc)
+                kept = None
+            held, self._held = self._held, None
+        if kept is None:  # the session stays: read what came meanwhile
+            for frame in held:
+                self.receive(frame)
+            self.move_at_boundary = False
+            self._start_turns()
+            return False
+        if not kept:
+            self._taken()
+            return True
+        self._let_go()
+        return True
+
+    def _let_go(self) -> None:
+        """End the session here without ``closed``: the connection closes with 1012."""
+        self.handed_over = True
+        self.proto.hand_over()
+        link, self.link = self.link, None
+        if link is not None:
+            link.finish(code=HANDOVER_CLOSE)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _forget_in_store(self) -> None:
+        """The session closed for good: its record goes (bounded, shielded)."""
+        node = self.hub.node
+        assert node is not None
+        with trio.move_on_after(2.0) as scope:
+            scope.shield = True
+            try:
+                await node.store.delete(self.proto.session_id, node.name)
+            except StoreError as exc:
+                log.info("session %s: record not deleted (%s): it expires", self.log_id, exc)
+
+    def settle_lost_turn(self, hello: m.Hello) -> None:
+        """Adopted from a node that crashed: end what the client holds open of the turn
+        that node was running (``handover-v1``). Each call the client reports open gets
+        ``cancelled``, the turn ``turn.ended`` ``interrupted`` with the epoch raised, and
+        the history marks the turn interrupted, as an interrupt would have."""
+        restored = self.restored
+        session = self.session
+        assert restored is not None
+        assert session is not None
+        proto = self.proto
+        turns: dict[str, None] = {}
+        if restored.open_turn is not None:
+            turns[restored.open_turn] = None
+        epoch = session.epoch
+        for entry in hello.open:
+            turns[entry.turn_id] = None
+            if entry.call_id is None:
+                continue
+            self.lost_calls.add(entry.call_id)  # a result replayed for it is dropped quietly
+            proto.send(
+                m.ToolStreamMessage,
+                call_id=entry.call_id,
+                turn_id=entry.turn_id,
+                epoch=epoch,
+                name=entry.name or "",
+                kind="app" if entry.kind == "app" else "server",
+                phase="cancelled",
+            )
+        if turns:
+            session.interrupt(epoch + 1)
+            known = {i.turn_id for i in session.history if isinstance(i, UserInput)}
+            for turn_id in turns:
+                if turn_id in known:  # a turn whose input this process has: marked
+                    session.record(TurnInterrupted(turn_id=turn_id))
+                proto.send(
+                    m.TurnEndedMessage, turn_id=turn_id, epoch=session.epoch, reason="interrupted"
+                )
+            session.skip_turns(turns)
+            log.info(
+                "session %s: adopted after its node was lost: %d calls and %d turns ended "
+                "interrupted",
+                self.log_id,
+                sum(1 for e in hello.open if e.call_id is not None),
+                len(turns),
+            )
+        self._boundary(None)  # (sent by carry(), after the welcome and the replay)
+
+    def go_on(self) -> None:
+        """Adopted and resumed: start the turns of the inputs that moved with the session."""
+        restored = self.restored
+        if restored is not None and restored.inputs:
+            self._inputs.extend((text, self._interrupts) for text in restored.inputs)
+            self._turned = True
+            self._start_turns()
 
     # -- acting on client messages --------------------------------------------------------------
 
@@ -361,16 +620,15 @@ class SessionActor:
             self._turned = True
             session.interrupt()  # barge-in: at once, before the new turn is queued
             self._inputs.append((message.text, self._interrupts))
-            if not self._starting:
-                self._starting = True
-                assert self._nursery is not None
-                self._nursery.start_soon(self._turns, session)
+            self._start_turns()
         elif isinstance(message, m.Interrupt):
             self._interrupts += 1
             session.interrupt(max(message.epoch, session.epoch + 1))
         elif isinstance(message, m.ToolResultMessage):
             self._result(message)
         elif isinstance(message, m.ConfirmReply):
+            if message.call_id in self.lost_calls:
+                return  # a call of the turn a crashed node ran: already ended, quietly
             if not session.answer_confirmation(message.call_id, message.approved, message.reason):
                 proto.error(
                     m.UNKNOWN_CALL,
@@ -378,11 +636,20 @@ class SessionActor:
                     message.seq,
                 )
 
+    def _start_turns(self) -> None:
+        """Start the waiting inputs' turns, unless the session is about to move (they go
+        with it, in its saved state)."""
+        if not self._starting and not self.move_at_boundary and self._inputs:
+            self._starting = True
+            assert self._nursery is not None
+            assert self.session is not None
+            self._nursery.start_soon(self._turns, self.session)
+
     async def _turns(self, session: Session) -> None:
         """Start the waiting inputs' turns one at a time, in arrival order (``start_turn``
         may wait for a barge-in's turn to end): a task only while inputs wait."""
         try:
-            while self._inputs:
+            while self._inputs and not self.move_at_boundary:
                 text, generation = self._inputs.pop(0)
                 turn = await session.start_turn(text)
                 if generation != self._interrupts:
@@ -397,6 +664,8 @@ class SessionActor:
         pending = self.pending.get(call_id)
         if pending is None or pending.result is not None:
             session = self.session
+            if call_id in self.lost_calls:
+                return  # a call of the turn a crashed node ran: already ended, quietly
             if call_id in self.answered:
                 code, text = m.DUPLICATE_RESULT, f"call {call_id!r} already has its result"
             elif call_id in self.issued and session is not None and message.epoch < session.epoch:

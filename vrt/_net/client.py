@@ -291,6 +291,7 @@ class Client:
         opening_until = trio.current_time() + self._connect_timeout
         resume_until: float | None = None
         attempt = 0
+        moved = False
         while True:
             lost = True
             timed_out = False
@@ -333,7 +334,8 @@ class Client:
                             # the welcome; on a resume, everything again
                             self._acks.due(self._send_ack)
                         lost = await self._pump(ws)
-                        if trio.current_time() - connected_at >= STABLE_AFTER:
+                        moved = _close_code(ws) == HANDOVER_CLOSE
+                        if trio.current_time() - connected_at >= STABLE_AFTER or moved:
                             # It held: a later loss is a new episode, with a fresh budget.
                             # One that drops at once keeps the backoff and the deadline,
                             # so a server that drops every resume does not loop forever.
@@ -357,13 +359,20 @@ class Client:
                     "session %s: connection attempt %d failed: %r", self.session_id, attempt, exc
                 )
             except RemoteProtocolError as exc:
-                if opening:
+                if exc.code == "HTTP_503":
+                    # A server draining (handover-v1) or overloaded: another try, which the
+                    # load balancer sends elsewhere, within the same deadlines.
+                    log.debug("session %s: attempt %d: HTTP 503", self.session_id, attempt)
+                elif opening:
                     raise  # vrt.connect's own error: refused, or not a vrt server
-                # A resume refused at the door (the upgrade, a hello too large): the session
-                # is over for this client, and the app hears it as an event, not a raise.
-                log.info("session %s: resume failed: %s", self.session_id, exc)
-                self._dispatch(Closed(reason="too_large" if exc.code == "TOO_LARGE" else "expired"))
-                return
+                else:
+                    # A resume refused at the door (the upgrade, a hello too large): the
+                    # session is over for this client, heard as an event, not a raise.
+                    log.info("session %s: resume failed: %s", self.session_id, exc)
+                    self._dispatch(
+                        Closed(reason="too_large" if exc.code == "TOO_LARGE" else "expired")
+                    )
+                    return
             if not lost:
                 return
             if self.proto.connection.state == "open":
@@ -379,6 +388,8 @@ class Client:
                 until = resume_until
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempt - 1))
             delay *= random.uniform(0.5, 1.0)
+            if moved:  # 1012 (handover-v1): "resume now, elsewhere": no backoff
+                delay, moved = 0.0, False
             can_retry = reconnect is not None and (self._resume or self.proto.session_id is None)
             if not can_retry or now + delay >= until:
                 if self.proto.connection.state == "connecting":  # never had a session
@@ -583,8 +594,18 @@ async def open_client(
 
 def _too_large(ws: Any) -> bool:
     """Whether ``ws`` was closed for a frame over a side's limit (1009, either side)."""
+    return _close_code(ws) == 1009
+
+
+def _close_code(ws: Any) -> int | None:
+    """The code ``ws`` was closed with, once closed."""
     closed = getattr(ws, "closed", None)
-    return closed is not None and getattr(closed, "code", None) == 1009
+    code = getattr(closed, "code", None) if closed is not None else None
+    return code if isinstance(code, int) else None
+
+
+HANDOVER_CLOSE = 1012
+"""The server handed the session over (``handover-v1``): resume at once, elsewhere."""
 
 
 class Lost(Exception):

@@ -21,10 +21,15 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, GuardedStream, Pending, peer_address
 from vrt._net.actor import SessionActor
+from vrt._net.handover import State
 from vrt._net.link import send_and_close
+from vrt._net.node import Adopt, Node, RelayTo
 from vrt._net.options import Options
 from vrt._net.pumps import AckTimer
-from vrt._net.upgrade import open_to_messages, upgrade
+from vrt._net.relay import HANDOVER_CLOSE, Parked, Unreachable, relay
+from vrt._net.store import StoreError
+from vrt._net.upgrade import RELAY_HEADER, HandshakeRequest, open_to_messages, upgrade
+from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.server import ServerProtocol
 
@@ -45,8 +50,14 @@ class Hub:
         options: Options,
         nursery: trio.Nursery,
         accepting: Accepting | None = None,
+        node: Node | None = None,
     ) -> None:
         self.agent = agent
+        self.node = node
+        """This process among the nodes sharing a store (None: sessions live here only)."""
+        self.draining = False
+        """New sessions are refused (503) and every session moves at its next boundary."""
+        self._emptied: trio.Event | None = None  # set when the last session leaves a drain
         self.options = options
         self.nursery = nursery
         self.accepting = accepting or Accepting(
@@ -85,11 +96,11 @@ class Hub:
                 with trio.move_on_at(deadline) as scope:
                     pending.guard(scope)
                     guarded.on_close = scope.cancel
-                    upgraded = await upgrade(nursery, guarded, self.options)
+                    upgraded = await upgrade(nursery, guarded, self.options, self)
                     guarded.on_close = None
                 late = scope.cancelled_caught and not guarded.gone
                 if upgraded is not None:
-                    ws, principal = upgraded
+                    ws, principal, request = upgraded
                     log.info("connection from %s", _remote(stream))
                     await self.serve_connection(
                         ws,
@@ -99,6 +110,7 @@ class Hub:
                         stream=guarded,
                         handshake_done=handshake_done,
                         pending=pending,
+                        request=request,
                     )
                 elif late:
                     log.debug(
@@ -131,6 +143,7 @@ class Hub:
         stream: GuardedStream | None = None,
         handshake_done: Callable[[], None] | None = None,
         pending: Pending | None = None,
+        request: HandshakeRequest | None = None,
     ) -> None:
         """Serve one upgraded connection: its ``hello`` (by ``deadline``: by default
         ``handshake_timeout`` from now), then the session it opens or resumes, until the
@@ -170,10 +183,8 @@ class Hub:
             if isinstance(ws, WebSocketConnection):  # at once: frames may follow the hello
                 open_to_messages(ws, options.max_message_size)
             if hello.resume is not None:
-                actor = self._resume(hello, proto, principal)
-                if actor is None:
-                    await send_and_close(ws, proto.take_outbox())
-                    return
+                await self._resume_on(ws, hello, proto, principal, peer, request, stream)
+                return
             else:
                 actor = SessionActor(self, proto, hello, principal, peer)
                 self.sessions[proto.session_id] = actor
@@ -205,18 +216,180 @@ class Hub:
         return True
 
     def closed(self, actor: SessionActor) -> None:
-        """``actor``'s session is over: its place is free."""
+        """``actor``'s session is over (or moved): its place is free."""
         del self.sessions[actor.proto.session_id]
+        if not self.sessions and self._emptied is not None:
+            self._emptied.set()
         left = self.by_peer[actor.peer] - 1
         if left:
             self.by_peer[actor.peer] = left
         else:
             del self.by_peer[actor.peer]
 
-    def _resume(self, hello: m.Hello, proto: ServerProtocol, principal: Any) -> SessionActor | None:
-        """The session ``hello`` resumes, now attached; None (refused on ``proto``) if the
-        session is unknown, closed, the token wrong or the principal another: one answer
-        for all, so a refusal says nothing about whether a session exists."""
+    async def _resume_on(
+        self,
+        ws: Any,
+        hello: m.Hello,
+        proto: ServerProtocol,
+        principal: Any,
+        peer: Any,
+        request: HandshakeRequest | None,
+        stream: GuardedStream | None,
+    ) -> None:
+        """Carry the session ``hello`` resumes on ``ws``: here, relayed to the node that
+        runs it, or adopted here from the store (``handover-v1``); or refuse it."""
+        assert hello.resume is not None
+        relayed = request is not None and request.header(RELAY_HEADER) is not None
+        actor = self._matching(hello, principal)
+        if actor is not None:
+            if relayed and self.node is not None and actor.idle and await actor.hand_over():
+                # Nothing to carry through another node: the front adopts it instead.
+                await send_and_close(ws, [], HANDOVER_CLOSE)
+                return
+            actor.resume(hello)
+            if relayed and self.node is not None:
+                actor.move_at_boundary = True  # to where the client is, after this turn
+            await actor.carry(ws, stream)
+            return
+        if self.node is None or hello.resume.session_id in self.sessions:
+            log.info("refused a resume (session, token, principal or lastSeq do not match)")
+            proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
+            await send_and_close(ws, proto.take_outbox())
+            return
+        try:
+            actor = await self._adopt_or_relay(ws, hello, principal, peer, request)
+        except StoreError as exc:
+            # Not the client's fault, nor the end of its session: it tries again.
+            log.warning("session %s: cannot resume now: %s", hello.resume.session_id, exc)
+            await send_and_close(ws, [], 1011)
+            return
+        if actor is None:
+            proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
+            await send_and_close(ws, proto.take_outbox())
+            return
+        if actor is not _RELAYED:
+            await actor.carry(ws, stream)
+
+    async def _adopt_or_relay(
+        self,
+        ws: Any,
+        hello: m.Hello,
+        principal: Any,
+        peer: Any,
+        request: HandshakeRequest | None,
+    ) -> Any:
+        """A session this node does not run: the adopted actor (resumed), :data:`_RELAYED`
+        once a relay to its owner ended, or None (refused)."""
+        node = self.node
+        assert node is not None
+        assert hello.resume is not None
+        for _ in range(3):  # a relay that finds the owner gone or parking: look again
+            found = await node.locate(hello, principal)
+            if found is None:
+                log.info("refused a resume (unknown to the store, or token or principal)")
+                return None
+            if isinstance(found, Adopt):
+                return await self._adopt(found, hello, principal, peer)
+            assert isinstance(found, RelayTo)
+            try:
+                outcome = await relay(
+                    ws,
+                    found.address,
+                    request,
+                    codec.encode(hello),
+                    node.name,
+                    max_message_size=self.options.max_message_size,
+                )
+            except Unreachable as exc:
+                log.info("session %s: %s", hello.resume.session_id, exc)
+                await node.wait_for_lease(found.owner)
+                continue
+            if isinstance(outcome, Parked):
+                continue
+            return _RELAYED
+        return None
+
+    async def _adopt(
+        self, found: Adopt, hello: m.Hello, principal: Any, peer: Any
+    ) -> SessionActor | None:
+        """Host the session ``found`` in the store, resumed by ``hello``; None if its
+        client's lastSeq does not fit what was saved."""
+        assert hello.resume is not None
+        state: State = found.state
+        options = self.options
+        proto = ServerProtocol(
+            session_id=state.session_id,
+            resume_token=found.token,
+            server_tools=self.agent.registry.keys(),
+            capabilities=options.capabilities,
+            max_message_size=options.max_message_size,
+            replay_limit=options.replay_limit,
+            replay_limit_bytes=options.replay_limit_bytes,
+        )
+        proto.max_frame = options.max_message_size
+        tools = tuple(codec.from_plain(t, m.ToolDecl) for t in state.tools)
+        # After a crash the client may have seen messages past the save: number above them.
+        sent = max(state.sent_seq, hello.resume.last_seq) if found.crashed else state.sent_seq
+        proto.adopt(
+            capabilities=state.capabilities,
+            tools=tools,
+            sent_seq=sent,
+            received_seq=state.received_seq,
+            acked_by_peer=state.acked_by_peer,
+            replay=state.replay,
+        )
+        if not proto.can_resume(hello.resume.last_seq):
+            log.info(
+                "session %s: the client's lastSeq does not fit its saved state", proto.session_id
+            )
+            return None
+        origin = m.Hello(seq=0, protocol=m.PROTOCOL, capabilities=proto.capabilities, tools=tools)
+        actor = SessionActor(self, proto, origin, principal, peer, restored=state)
+        self.sessions[proto.session_id] = actor
+        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+        log.info(
+            "session %s adopted (%s)",
+            proto.session_id,
+            "its node was lost" if found.crashed else "handed over",
+        )
+        await self.nursery.start(actor.run)
+        actor.resume(hello)
+        if found.crashed or hello.open or state.open_turn is not None:
+            actor.settle_lost_turn(hello)
+        actor.go_on()
+        return actor
+
+    async def drain(self, drain_timeout: float) -> None:
+        """Hand every session over to another node (``handover-v1``): new sessions are
+        refused from now; each session moves at its next turn boundary, and a turn still
+        open after ``drain_timeout`` seconds is interrupted so that it reaches one.
+        Returns when every session has moved, or a few seconds after the timeout (those
+        left close ``shutdown`` with the server)."""
+        self.draining = True
+        if self.node is not None:
+            self.node.draining = True
+        self._emptied = trio.Event()
+        for actor in list(self.sessions.values()):
+            actor.move_at_boundary = True
+            if actor.idle:
+                self.nursery.start_soon(actor.hand_over)
+        if self.sessions:
+            with trio.move_on_after(drain_timeout):
+                await self._emptied.wait()
+        if self.sessions:
+            log.info("drain: %d sessions still in a turn: interrupted", len(self.sessions))
+            for actor in list(self.sessions.values()):
+                if actor.session is not None:
+                    actor.session.interrupt()
+                if actor.idle:
+                    self.nursery.start_soon(actor.hand_over)
+            with trio.move_on_after(5.0):
+                await self._emptied.wait()
+
+    def _matching(self, hello: m.Hello, principal: Any) -> SessionActor | None:
+        """The session of this node that ``hello`` resumes, if the token, the principal
+        and the lastSeq match; None otherwise (the caller gives one answer for all, so a
+        refusal says nothing about whether a session exists)."""
         assert hello.resume is not None
         actor = self.sessions.get(hello.resume.session_id)
         token = actor.proto.resume_token if actor is not None else _DECOY_TOKEN
@@ -229,14 +402,13 @@ class Hub:
             or actor.principal != principal
             or not actor.proto.can_resume(hello.resume.last_seq)
         ):
-            log.info("refused a resume (session, token, principal or lastSeq do not match)")
-            proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
             return None
-        actor.resume(hello)
         return actor
 
 
 _DECOY_TOKEN = secrets.token_urlsafe(32)  # compared against when the session is unknown
+_RELAYED: Any = object()
+"""What :meth:`Hub._adopt_or_relay` returns once it relayed the connection to its end."""
 
 
 async def _handshake(ws: Any, proto: ServerProtocol) -> m.Hello | None:

@@ -41,7 +41,18 @@ class Link:
     once on :meth:`abort`, its socket is reset, whatever the peer does.
     """
 
-    __slots__ = ("aborted", "actor", "backlog", "batch", "frames", "out", "scope", "stream", "ws")
+    __slots__ = (
+        "aborted",
+        "actor",
+        "backlog",
+        "batch",
+        "close_code",
+        "frames",
+        "out",
+        "scope",
+        "stream",
+        "ws",
+    )
 
     def __init__(self, ws: Any, actor: SessionActor, stream: GuardedStream | None = None) -> None:
         self.ws = ws
@@ -54,6 +65,8 @@ class Link:
         self.aborted = False
         self.batch = actor.proto.batch_limit
         """``batch-v1``: the largest batch frame (0: one message a frame)."""
+        self.close_code = 1000
+        """The WebSocket close code once finished (1012: the session was handed over)."""
 
     @property
     def current(self) -> bool:
@@ -69,9 +82,10 @@ class Link:
         self.backlog -= len(frame)
         self.actor.written()
 
-    def finish(self) -> None:
-        """No more frames: the writer sends what it has, then closes the connection, within
-        FINISH_TIMEOUT seconds."""
+    def finish(self, code: int = 1000) -> None:
+        """No more frames: the writer sends what it has, then closes the connection with
+        ``code``, within FINISH_TIMEOUT seconds."""
+        self.close_code = code
         self.out.close()
         self.scope.deadline = min(self.scope.deadline, trio.current_time() + FINISH_TIMEOUT)
 
@@ -107,7 +121,7 @@ class Link:
         # The first frame is the welcome (or the resume's): never in a batch.
         if await send_frames(self.frames, self.ws, self._sent, batch=self.batch, first_alone=True):
             with trio.move_on_after(FINISH_TIMEOUT):
-                await self.ws.aclose()  # done with it: closed session, or replaced
+                await self.ws.aclose(code=self.close_code)  # closed, replaced or moved
         scope.cancel()
 
     async def _reader(self) -> None:
@@ -179,13 +193,13 @@ class RateLimit:
         self._tokens -= messages
 
 
-async def send_and_close(ws: Any, frames: list[str]) -> None:
-    """Best effort, shielded, bounded: ``frames``, then close the connection."""
+async def send_and_close(ws: Any, frames: list[str], code: int = 1000) -> None:
+    """Best effort, shielded, bounded: ``frames``, then close the connection (``code``)."""
     with trio.move_on_after(1.0) as scope:
         scope.shield = True
         try:
             for frame in frames:
                 await ws.send_message(frame)
-            await ws.aclose()
+            await ws.aclose(code=code)
         except ConnectionClosed:
             pass

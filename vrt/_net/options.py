@@ -24,6 +24,7 @@ MAX_PENDING_PER_PEER = 64
 MAX_SESSIONS_PER_PEER = 20
 FIRST_TURN_TIMEOUT = 300.0
 MAX_HISTORY_BYTES = 1024 * 1024
+DRAIN_TIMEOUT = 30.0
 MIN_MESSAGE_SIZE = 1024
 """The smallest ``max_message_size``: every frame the server makes itself must fit."""
 

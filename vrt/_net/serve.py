@@ -9,8 +9,8 @@ peer gets ``error`` frames, or is dropped; the server itself never goes down for
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Collection
-from typing import NoReturn
 
 import attrs
 import trio
@@ -18,7 +18,9 @@ import trio
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, accept_loop
 from vrt._net.hub import Hub
+from vrt._net.node import Node, default_name
 from vrt._net.options import (
+    DRAIN_TIMEOUT,
     FIRST_TURN_TIMEOUT,
     HANDSHAKE_TIMEOUT,
     MAX_HISTORY_BYTES,
@@ -35,6 +37,7 @@ from vrt._net.options import (
     count,
     positive_number,
 )
+from vrt._net.store import RedisStore, Store, open_store
 from vrt._net.upgrade import Authenticate, HandshakeRequest, Refuse
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
@@ -52,12 +55,27 @@ class Server:
     host: str
     port: int
     """The real port (when 0 was asked for, the one the OS chose)."""
+    node: str | None = None
+    """This process's name among the nodes sharing its store (None without a store)."""
+    _drain: trio.Event | None = attrs.field(default=None, eq=False, repr=False, alias="drain")
 
     @property
     def url(self) -> str:
         """``ws://host:port/``, what ``vrt.connect`` takes."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"ws://{host}:{self.port}/"
+
+    def drain(self) -> None:
+        """Start draining (what SIGTERM does to ``vrt serve``): ``/healthz`` says 503 at
+        once, new sessions are refused (503), every session is handed over to another
+        node at its next turn boundary (a turn still open after ``drain_timeout`` is
+        interrupted first), then :func:`serve` returns. Sync, idempotent. Only with a
+        store: ValueError without one (a session has nowhere to go)."""
+        if self._drain is None:
+            raise ValueError(
+                "a server without a store cannot drain: its sessions have nowhere to go"
+            )
+        self._drain.set()
 
 
 async def serve(
@@ -83,9 +101,14 @@ async def serve(
     authenticate: Authenticate | None = None,
     allowed_origins: Collection[str] | None = None,
     web_demo: bool = False,
+    store: str | Store | None = None,
+    node: str | None = None,
+    drain_timeout: float = DRAIN_TIMEOUT,
+    relay_host: str | None = None,
+    reuse_port: bool = False,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
-) -> NoReturn:
-    """Serve ``agent`` over vrt/1 WebSockets until cancelled.
+) -> None:
+    """Serve ``agent`` over vrt/1 WebSockets until cancelled (or drained).
 
     Use ``server = await nursery.start(vrt.serve, agent, host, 0)`` to learn the real
     port. Plain HTTP on the same port gets the browser client (``GET /vrt.js``,
@@ -142,6 +165,25 @@ async def serve(
     - ``allowed_origins``: if given, an upgrade whose ``Origin`` header is present and not
       in it is refused (403): browsers send it, so a page elsewhere cannot use a user's
       cookies to open a session. Requests without ``Origin`` (not a browser) pass.
+
+    Serving in production (``handover-v1``, docs/deploy.md):
+
+    - ``store``: ``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a
+      store object shared by servers of one process (``vrt._net.store.MemoryStore``).
+      Each session is saved there at every turn boundary; a resume that reaches another
+      server sharing the store is relayed to the one running the session, or adopts it
+      there once it was handed over (:meth:`Server.drain`) or its server died (after a
+      lease of 5 s: the turn that was running ends ``interrupted``). Records expire with
+      ``resume_window``. Raises :class:`~vrt._net.store.StoreError` at once if the store
+      does not answer. Without a store, sessions live in this process only, as always.
+    - ``node``: this server's name in the store and in logs (default ``host:pid``).
+    - ``drain_timeout`` (30 s): how long a drain waits for a turn to end before it
+      interrupts it.
+    - ``relay_host``: the address other servers reach this one at for relayed resumes
+      (a port of its own is opened there; default: ``host``, or this machine's address
+      when ``host`` is a wildcard).
+    - ``reuse_port``: listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several
+      processes on one port, the kernel spreading connections across them).
     """
     if not (isinstance(max_message_size, int) and max_message_size >= MIN_MESSAGE_SIZE):
         raise ValueError(
@@ -173,19 +215,94 @@ async def serve(
             f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "
             f"max_message_size ({max_message_size}): one frame must fit with room to spare"
         )
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    drain_timeout = positive_number("drain_timeout", drain_timeout, zero=True)
+    the_store = open_store(store) if isinstance(store, str) else store
+    if reuse_port:
+        listeners = await _reuse_port_listeners(port, host)
+    else:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    relays: list[trio.SocketListener] = []
     try:
+        node_ = None
+        if the_store is not None:
+            if isinstance(the_store, RedisStore):
+                await the_store.connect()
+            bound_host = relay_host or _reachable(host)
+            relays = await trio.open_tcp_listeners(0, host=bound_host)
+            node_ = Node(the_store, node or default_name(), resume_window=options.resume_window)
+            relay_port = relays[0].socket.getsockname()[1]
+            node_.address = (
+                f"[{bound_host}]:{relay_port}"
+                if ":" in bound_host
+                else f"{bound_host}:{relay_port}"
+            )
         async with trio.open_nursery() as nursery:
             accepting = Accepting(options.max_pending_connections, options.max_pending_per_peer)
-            hub = Hub(agent, options, nursery, accepting)
+            hub = Hub(agent, options, nursery, accepting, node_)
             for listener in listeners:
                 nursery.start_soon(accept_loop, listener, accepting, hub.handle_stream, nursery)
+            drain = None
+            if node_ is not None:
+                await nursery.start(node_.run)
+                # Relays come from the other nodes: a pool of their own, no per-address
+                # share (every relay of a node has its address).
+                from_nodes = Accepting(options.max_pending_connections)
+                for listener in relays:
+                    nursery.start_soon(
+                        accept_loop, listener, from_nodes, hub.handle_stream, nursery
+                    )
+                drain = trio.Event()
             bound = listeners[0].socket.getsockname()[1]
-            log.info("serving on %s", Server(host=host, port=bound).url)
-            task_status.started(Server(host=host, port=bound))
-            await trio.sleep_forever()
+            server = Server(host=host, port=bound, node=node_.name if node_ else None, drain=drain)
+            log.info("serving on %s%s", server.url, f" as node {node_.name}" if node_ else "")
+            task_status.started(server)
+            if drain is None:
+                await trio.sleep_forever()
+            else:
+                await drain.wait()
+                log.info("draining: %d sessions to hand over", len(hub.sessions))
+                await hub.drain(drain_timeout)
+                assert node_ is not None
+                await node_.stop()
+                log.info("drained")
+                nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
+            for listener in [*listeners, *relays]:
+                await listener.aclose()
+            if the_store is not None and isinstance(store, str):
+                await the_store.aclose()
+
+
+def _reachable(host: str) -> str:
+    """The address other nodes reach a server bound to ``host`` at."""
+    if host in ("", "0.0.0.0", "::"):
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    return host
+
+
+async def _reuse_port_listeners(port: int, host: str) -> list[trio.SocketListener]:
+    """Listeners on ``host:port`` with ``SO_REUSEPORT``: every worker of ``vrt serve
+    --workers`` binds the same port, and the kernel spreads new connections across them."""
+    listeners: list[trio.SocketListener] = []
+    for family, kind, proto, _, address in await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        sock = trio.socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            await sock.bind(address)
+            sock.listen(4096)
+        except OSError:
+            sock.close()
             for listener in listeners:
                 await listener.aclose()
-    raise AssertionError("unreachable")  # pragma: no cover
+            raise
+        listeners.append(trio.SocketListener(sock))
+    return listeners

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -27,6 +27,9 @@ from vrt._net.web import front
 
 log = logging.getLogger("vrt.server")
 
+RELAY_HEADER = "x-vrt-relay"
+"""The header a node adds to a resume it relays to the node running the session (the
+relaying node's name): :mod:`vrt._net.relay`."""
 HELLO_LIMIT = 64 * 1024
 """The largest frame a connection may send before its ``hello`` is accepted (a hello with a
 hundred small app tools fits): a connection still in its handshake holds at most this much."""
@@ -63,31 +66,41 @@ class Refuse(Exception):
 Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
 
 
+class Front(Protocol):
+    """What the HTTP front asks of its server: whether it is draining (``handover-v1``)."""
+
+    draining: bool
+
+
 async def upgrade(
-    nursery: trio.Nursery, stream: GuardedStream, options: Options
-) -> tuple[WebSocketConnection, Any] | None:
-    """Read and check the upgrade request on ``stream``; the connection and the principal
-    once it is accepted, None once it is refused (an HTTP status was sent) or the peer left.
+    nursery: trio.Nursery, stream: GuardedStream, options: Options, server: Front | None = None
+) -> tuple[WebSocketConnection, Any, HandshakeRequest] | None:
+    """Read and check the upgrade request on ``stream``; the connection, the principal and
+    the request once it is accepted, None once it is refused (an HTTP status was sent) or
+    the peer left.
 
     trio-websocket's reader runs in ``nursery`` for the connection's whole life. A plain
-    HTTP request is answered by the front first (the browser client's files, or 404):
-    None then too.
+    HTTP request is answered by the front first (the browser client's files, ``/healthz``,
+    or 404): None then too. While ``server`` drains, an upgrade that is not a relay from
+    another node is refused with 503 (the client tries again, and the load balancer,
+    whose health check now fails, sends it elsewhere).
     """
+    draining = server is not None and server.draining
     try:
-        if await front(stream, demo=options.web_demo):
+        if await front(stream, demo=options.web_demo, draining=draining):
             return None
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return None
     limit = min(HELLO_LIMIT, options.max_message_size)
     request = await wrap_server_stream(nursery, stream, max_message_size=limit)
-    admitted, principal = await check_upgrade(options, request)
+    admitted, principal, handshake = await check_upgrade(options, request, draining=draining)
     if not admitted:
         return None
     try:
         ws = await request.accept()
     except ConnectionClosed:
         return None
-    return ws, principal
+    return ws, principal, handshake
 
 
 def open_to_messages(ws: WebSocketConnection, max_message_size: int) -> None:
@@ -99,9 +112,11 @@ def open_to_messages(ws: WebSocketConnection, max_message_size: int) -> None:
     ws._max_message_size = max_message_size
 
 
-async def check_upgrade(options: Options, request: WebSocketRequest) -> tuple[bool, Any]:
-    """Check the upgrade request (origin, ``authenticate``): ``(True, principal)``, or
-    ``(False, None)`` once it is refused with an HTTP status."""
+async def check_upgrade(
+    options: Options, request: WebSocketRequest, *, draining: bool = False
+) -> tuple[bool, Any, HandshakeRequest]:
+    """Check the upgrade request (draining, origin, ``authenticate``): ``(True, principal,
+    request)``, or ``(False, None, request)`` once it is refused with an HTTP status."""
     headers = tuple(
         (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
     )
@@ -112,6 +127,8 @@ async def check_upgrade(options: Options, request: WebSocketRequest) -> tuple[bo
         remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
     )
     try:
+        if draining and handshake.header(RELAY_HEADER) is None:
+            raise Refuse(503, "draining")
         origin = handshake.header("origin")
         if options.allowed_origins is not None and origin is not None:
             if origin not in options.allowed_origins:
@@ -125,10 +142,10 @@ async def check_upgrade(options: Options, request: WebSocketRequest) -> tuple[bo
         log.info("refused %s: %s", handshake.remote, refusal)
         with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
             await request.reject(refusal.status, body=refusal.reason.encode("utf-8", "replace"))
-        return False, None
+        return False, None, handshake
     except Exception:  # the hook's bug: refuse, never crash the server
         log.exception("authenticate failed for %s", handshake.remote)
         with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
             await request.reject(500, body=b"internal server error")
-        return False, None
-    return True, principal
+        return False, None, handshake
+    return True, principal, handshake

@@ -31,6 +31,8 @@ WEB_FILES = {
 }
 """Every path the front serves: the file in ``vrt/web`` and its content type."""
 
+HEALTH = "/healthz"
+"""The health check: ``200 ok`` while accepting sessions, ``503 draining`` after SIGTERM."""
 HEAD_LIMIT = 16 * 1024
 """The largest request head read (bytes): past it, ``431`` and the connection closed."""
 
@@ -51,10 +53,11 @@ DEMO_FILES = {"/": ("demo.html", "text/html; charset=utf-8")}
 """With ``web_demo``: the demo page too."""
 
 
-async def front(stream: GuardedStream, *, demo: bool = False) -> bool:
+async def front(stream: GuardedStream, *, demo: bool = False, draining: bool = False) -> bool:
     """Read the request head on ``stream``: True if it was answered here (the caller
     closes the connection), False if it is a WebSocket upgrade, put back for trio-websocket
-    to read. ``demo``: serve the demo page at ``/`` as well. Raises
+    to read. ``demo``: serve the demo page at ``/`` as well. ``/healthz`` answers ``200
+    ok``, or ``503 draining`` once ``draining`` (a load balancer's health check). Raises
     ``trio.BrokenResourceError`` if the peer goes."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
     seen = bytearray()
@@ -95,6 +98,10 @@ async def front(stream: GuardedStream, *, demo: bool = False) -> bool:
     found = _file(entry[0]) if entry is not None else None
     if method not in (b"GET", b"HEAD"):
         await _send(stream, 405, b"method not allowed", ((b"allow", b"GET, HEAD"),))
+    elif path == HEALTH:
+        status, text = (503, b"draining\n") if draining else (200, b"ok\n")
+        no_cache = ((b"cache-control", b"no-store"),)
+        await _send(stream, status, text if method == b"GET" else b"", no_cache, length=len(text))
     elif entry is None or found is None:
         await _send(stream, 404, b"not found", ())
     else:

@@ -178,6 +178,11 @@ class ClientProtocol(Endpoint):
         self.queue: deque[str] = deque()
         self.running: str | None = None
         self.answers: dict[str, m.WireResult] = {}  # call id -> result sent, oldest first
+        self.open_turn: str | None = None
+        """The turn the app saw start and not end (``handover-v1`` reports it on resume)."""
+        self._ended: RecentSet[str] = RecentSet(100)
+        """Turns whose ``turn.ended`` the app saw: a second one (a server that adopted the
+        session after a crash may end a turn again) is dropped."""
 
     # -- the app's actions ------------------------------------------------------------------------
 
@@ -207,7 +212,26 @@ class ClientProtocol(Endpoint):
             resume=m.ResumeRequest(
                 session_id=self.session_id, token=self.resume_token, last_seq=self.received_seq
             ),
+            open=self.held_open() if m.HANDOVER_V1 in self.capabilities else (),
         )
+
+    def held_open(self) -> tuple[m.OpenCall, ...]:
+        """What the app holds open (``handover-v1``): each call without a terminal phase,
+        and the open turn if none of them is of it, so that a server that adopts the
+        session from an earlier save can end them."""
+        held = [
+            m.OpenCall(
+                turn_id=view.first.turn_id,
+                call_id=call_id,
+                name=view.first.name,
+                kind=view.first.kind,
+            )
+            for call_id, view in self.views.items()
+        ][: m.OPEN_LIMIT - 1]
+        turn = self.open_turn
+        if turn is not None and all(entry.turn_id != turn for entry in held):
+            held.append(m.OpenCall(turn_id=turn))
+        return tuple(held)
 
     def send_input(self, text: str) -> None:
         """Queue user input (a new turn; the server interrupts an open one first)."""
@@ -340,10 +364,16 @@ class ClientProtocol(Endpoint):
     def _on_turn_started(self, msg: m.TurnStartedMessage) -> list[Any]:
         self.epoch = max(self.epoch, msg.epoch)
         self.turn_id = msg.turn_id
+        self.open_turn = msg.turn_id
         return [TurnStarted(turn_id=msg.turn_id, epoch=msg.epoch)]
 
     def _on_turn_ended(self, msg: m.TurnEndedMessage) -> list[Any]:
         self.epoch = max(self.epoch, msg.epoch)
+        if msg.turn_id in self._ended:
+            return []  # ended already (an adopting server ends what it cannot know ended)
+        self._ended.add(msg.turn_id)
+        if self.open_turn == msg.turn_id:
+            self.open_turn = None
         return [TurnEnded(turn_id=msg.turn_id, epoch=msg.epoch, reason=msg.reason)]
 
     def _on_text_delta(self, msg: m.TextDeltaMessage) -> list[Any]:

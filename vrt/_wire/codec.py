@@ -62,6 +62,7 @@ _converter.register_unstructure_hook(m.WireResult, _unstructure_result)
 _RECORDS: tuple[type[Any], ...] = (
     m.ToolDecl,
     m.ResumeRequest,
+    m.OpenCall,
     m.WireResult,
     *m.CLIENT_TYPES,
     *m.SERVER_TYPES,
@@ -204,6 +205,17 @@ def encode(message: Any) -> str:
     data: dict[str, Any] = {"type": message.TYPE}
     data.update(_converter.unstructure(message))
     return _ENCODER.encode(data)
+
+
+def to_plain(record: Any) -> Any:
+    """A record (a message's part, such as a :class:`~vrt._wire.messages.ToolDecl`) as the
+    wire has it; :func:`from_plain` reads it back."""
+    return _converter.unstructure(record)
+
+
+def from_plain(data: Any, cls: type[Any]) -> Any:
+    """The record of ``cls`` that :func:`to_plain` wrote."""
+    return _converter.structure(data, cls)
 
 
 def to_dict(message: Any) -> dict[str, Any]:

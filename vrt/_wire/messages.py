@@ -22,7 +22,10 @@ BATCH_MESSAGES = 100
 """The most messages one batch holds in this implementation: both Python writers stay
 under it, and the server reads no further (a frame of tiny messages would otherwise hold
 tens of thousands, each handled before the server's thread does anything else)."""
-CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1, BATCH_V1, LOCAL_PREVIEW_V1)
+HANDOVER_V1 = "handover-v1"
+"""The session may move to another server process: close code 1012 means "resume now,
+elsewhere", and a resume ``hello`` says which calls (and turn) the client holds open."""
+CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1, BATCH_V1, LOCAL_PREVIEW_V1, HANDOVER_V1)
 """What both Python sides support and offer by default."""
 LEGACY: tuple[str, ...] = (TOOL_STREAM_V1,)
 """What they offered before batches and local previews: the wire of one object a frame,
@@ -56,6 +59,22 @@ class ResumeRequest:
 
 
 @attrs.frozen(kw_only=True)
+class OpenCall:
+    """``hello.open`` (``handover-v1``): a call the resuming client holds open (no terminal
+    phase seen), or with no ``call_id`` the turn it holds open (``turn.started`` seen, not
+    ``turn.ended``). ``name`` and ``kind`` are what the client saw at the call's start."""
+
+    turn_id: str
+    call_id: str | None = None
+    name: str | None = None
+    kind: str | None = None
+
+
+OPEN_LIMIT = 256
+"""The most entries a resume hello's ``open`` holds (the server's max_open_calls is 64)."""
+
+
+@attrs.frozen(kw_only=True)
 class WireResult:
     """An app tool's result on the wire: ``{"ok": true, "output": ...}`` or a failure."""
 
@@ -76,6 +95,7 @@ class Hello:
     capabilities: tuple[str, ...] = ()
     tools: tuple[ToolDecl, ...] = ()
     resume: ResumeRequest | None = None
+    open: tuple[OpenCall, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -188,6 +188,33 @@ class ServerProtocol(Endpoint):
         self.machine.send("drop")
         self.outbox.clear()
 
+    def hand_over(self) -> None:
+        """The session moves to another process (``handover-v1``): final here, nothing
+        more is sent (no ``closed``: it goes on elsewhere)."""
+        self.machine.send("hand_over")
+        self.outbox.clear()
+
+    def adopt(
+        self,
+        *,
+        capabilities: tuple[str, ...],
+        tools: tuple[m.ToolDecl, ...],
+        sent_seq: int,
+        received_seq: int,
+        acked_by_peer: int,
+        replay: tuple[tuple[int, str], ...],
+    ) -> None:
+        """Go on with a session saved by another process (``detached`` until its client
+        resumes): its capabilities (those this server still supports), app tools, seq
+        numbering and unacked messages."""
+        self.machine.send("adopt")
+        self.capabilities = tuple(c for c in capabilities if c in self.supported)
+        self.batching = m.BATCH_V1 in self.capabilities
+        self.app_tools = tools
+        self.sent_seq, self.received_seq, self.acked_by_peer = sent_seq, received_seq, acked_by_peer
+        self.replay.extend(replay)
+        self.replay_bytes = sum(len(frame) for _, frame in replay)
+
     def expire(self) -> None:
         """The resume window ran out while detached: closed, nothing sent."""
         self.machine.send("expire")
@@ -265,6 +292,8 @@ class ServerProtocol(Endpoint):
                 m.UNSUPPORTED_PROTOCOL,
                 f"protocol {hello.protocol!r} is not supported; use {m.PROTOCOL!r}",
             )
+        if len(hello.open) > m.OPEN_LIMIT:
+            return m.BAD_MESSAGE, f"{len(hello.open)} open calls; at most {m.OPEN_LIMIT}"
         if hello.resume is not None:
             return None  # the tools are the session's own, declared when it began
         if len(hello.tools) > MAX_APP_TOOLS:

@@ -148,3 +148,18 @@ class ScriptedModel:
     def forget(self, session_id: str) -> None:
         """Drop the cursor kept for a session that has ended."""
         self._cursors.pop(session_id, None)
+
+    def session_state(self, session_id: str) -> list[int] | None:
+        """Where the session is in the script (saved with the session, so a session that
+        moves to another server process goes on where it was)."""
+        cursor = self._cursors.get(session_id)
+        return None if cursor is None else list(cursor)
+
+    def restore_session(self, session_id: str, state: object) -> None:
+        """Go on from :meth:`session_state` of another process."""
+        if (
+            isinstance(state, list)
+            and len(state) == 2
+            and all(type(n) is int and n >= 0 for n in state)
+        ):
+            self._cursors[session_id] = list(state)

@@ -1,0 +1,301 @@
+"""Sessions that move between servers sharing a store (``handover-v1``), in one process.
+
+Two (or three) ``vrt.serve`` on loopback share a :class:`MemoryStore`; the client reaches
+them through a :class:`LoopbackProxy` whose target the test moves, as a load balancer
+without affinity would. Covered: a resume that lands on the other server is relayed to the
+one running the session and its turn goes on, then the session moves at the turn's end; a
+drain hands every session over (idle at once, in a turn at its end, a long turn at the
+drain timeout); a crash (the server gone, its lease run out) costs only the turn in flight,
+each open call ending ``cancelled`` and the turn ``interrupted``. The same rules on Redis
+are in tests/test_store.py and tests/test_deploy.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+import vrt
+from tests.conftest import Log, until
+from vrt._net.store import MemoryStore
+from vrt.testing import LoopbackProxy
+
+P = vrt.Phase
+
+
+class Recording:
+    """A model that says what it was asked: the user inputs of its history, and whether a
+    turn of it is marked interrupted; a ``slow`` input streams for a second; ``app``
+    calls the app's ``hold``."""
+
+    def __init__(self) -> None:
+        self.requests: list[vrt.ModelRequest] = []
+
+    async def stream(self, request: vrt.ModelRequest) -> AsyncIterator[Any]:
+        self.requests.append(request)
+        inputs = [h.text for h in request.history if isinstance(h, vrt.models.UserInput)]
+        last = inputs[-1]
+        answered = any(isinstance(h, vrt.CallRecord) and h.result.ok for h in request.history[-3:])
+        if last.startswith("app") and request.step == 1:
+            yield vrt.models.CallStart(call_id=f"c_{request.turn_id}", name="hold")
+            yield vrt.models.CallEnd(call_id=f"c_{request.turn_id}", arguments={})
+            return
+        if last.startswith("slow") and not answered:
+            for i in range(10):
+                yield vrt.models.Text(text=f"{i} ")
+                await trio.sleep(0.1)
+        marked = sum(isinstance(h, vrt.models.TurnInterrupted) for h in request.history)
+        yield vrt.models.Text(text=f"seen {len(inputs)} inputs, {marked} interrupted")
+
+
+def make_agent(model: Recording) -> vrt.Agent:
+    return vrt.define_agent(model=model, client_tools="accept")
+
+
+@attrs.define
+class Node:
+    server: vrt.Server
+    scope: trio.CancelScope
+    model: Recording
+    done: trio.Event
+
+
+@asynccontextmanager
+async def nodes(count: int, **options: Any) -> AsyncIterator[tuple[list[Node], MemoryStore]]:
+    store = MemoryStore()
+    async with trio.open_nursery() as nursery:
+        started = []
+        for i in range(count):
+            model = Recording()
+            scope = trio.CancelScope()
+            done = trio.Event()
+            server_ready: list[vrt.Server] = []
+
+            async def run(
+                scope: trio.CancelScope = scope,
+                done: trio.Event = done,
+                model: Recording = model,
+                i: int = i,
+                *,
+                task_status: trio.TaskStatus[vrt.Server],
+            ) -> None:
+                try:
+                    with scope:
+                        await vrt.serve(
+                            make_agent(model),
+                            "127.0.0.1",
+                            0,
+                            store=store,
+                            node=f"n{i}",
+                            task_status=task_status,
+                            **options,
+                        )
+                finally:
+                    done.set()
+
+            server = await nursery.start(run)
+            server_ready.append(server)
+            started.append(Node(server=server, scope=scope, model=model, done=done))
+        yield started, store
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def via(target: Node) -> AsyncIterator[LoopbackProxy]:
+    proxy = LoopbackProxy(target.server.port)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        yield proxy
+        nursery.cancel_scope.cancel()
+
+
+def move(proxy: LoopbackProxy, to: Node, *, cut: bool = True) -> None:
+    """The load balancer now sends new connections to ``to`` (and, with ``cut``, the
+    network drops the current ones)."""
+    proxy.target_port = to.server.port
+    if cut:
+        proxy.cut()
+
+
+def ended(e: Any) -> bool:
+    return isinstance(e, vrt.TurnEnded)
+
+
+def texts(events: list[Any], turn_id: str) -> str:
+    return "".join(e.text for e in events if isinstance(e, vrt.TextDelta) and e.turn_id == turn_id)
+
+
+HOLD_PARAMS = {"type": "object", "properties": {}}
+
+
+async def test_a_resume_on_another_server_is_relayed_and_the_session_moves_after_its_turn() -> None:
+    async with nodes(2) as ([a, b], _store), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("slow one")
+                await until(events, lambda e: isinstance(e, vrt.TextDelta))
+                move(proxy, b)  # the resume lands on b, which relays it to a
+                first = await until(events, ended)
+                assert first.reason == "finished"
+                assert texts(events.events, first.turn_id).startswith("0 1 2 3 4 5 6 7 8 9 ")
+                # a hands the session over at the turn's end (1012); b adopts it
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                await client.send_text("and now?")
+                second = await until(events, ended)
+    assert second.reason == "finished"
+    assert sum(isinstance(e, vrt.Resumed) for e in events.events) == 2  # the cut, the move
+    assert texts(events.events, second.turn_id) == "seen 2 inputs, 0 interrupted"
+    assert not any(isinstance(e, vrt.Closed) and e.reason != "client" for e in events.events)
+    assert len(a.model.requests) == 1 and len(b.model.requests) == 1  # moved with its history
+    vrt.testing.assert_stream_valid(events.events)
+
+
+async def test_an_idle_session_resumed_elsewhere_is_adopted_there_at_once() -> None:
+    """The session's server hands it over before its welcome: the other server adopts it on
+    the client's own connection (one resume, no second reconnect)."""
+    async with nodes(2) as ([a, b], _store), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("hi")
+                await until(events, ended)
+                move(proxy, b)
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                await client.send_text("still there?")
+                second = await until(events, ended)
+    resumes = [e for e in events.events if isinstance(e, vrt.Resumed)]
+    assert len(resumes) == 1
+    assert texts(events.events, second.turn_id) == "seen 2 inputs, 0 interrupted"
+    assert len(b.model.requests) == 1
+
+
+async def test_a_drain_hands_every_session_over_and_the_server_returns() -> None:
+    async with nodes(2, drain_timeout=5.0) as ([a, b], store), via(a) as proxy:
+        async with (
+            vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as idle,
+            vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as busy,
+        ):
+            async with idle.subscribe() as idle_events, busy.subscribe() as busy_channel:
+                idle_log, busy_log = Log(idle_events), Log(busy_channel)
+                await idle.send_text("hi")
+                await until(idle_log, ended)
+                await busy.send_text("slow one")
+                await until(busy_log, lambda e: isinstance(e, vrt.TextDelta))
+                move(proxy, b, cut=False)  # the load balancer takes a out
+                a.server.drain()
+                first = await until(busy_log, ended)  # the turn in flight ends on a
+                assert first.reason == "finished"
+                with trio.fail_after(5):
+                    await a.done.wait()  # every session handed over: a's serve returned
+                for log_ in (idle_log, busy_log):
+                    await until(log_, lambda e: isinstance(e, vrt.Resumed))
+                await idle.send_text("after")
+                await busy.send_text("after")
+                after = [await until(idle_log, ended), await until(busy_log, ended)]
+    assert [e.reason for e in after] == ["finished", "finished"]
+    assert texts(idle_log.events, after[0].turn_id) == "seen 2 inputs, 0 interrupted"
+    assert texts(busy_log.events, after[1].turn_id) == "seen 2 inputs, 0 interrupted"
+    for log_ in (idle_log, busy_log):
+        assert not any(isinstance(e, vrt.Closed) for e in log_.events)
+        vrt.testing.assert_stream_valid(log_.events)
+    assert await store.node_address("n0") is None  # its lease ended with the drain
+
+
+async def test_a_drain_interrupts_a_turn_still_open_at_its_timeout() -> None:
+    @vrt.app_tool(parameters=HOLD_PARAMS)
+    async def hold(args: Any, ctx: vrt.ToolContext) -> None:
+        await trio.sleep_forever()
+
+    async with nodes(2, drain_timeout=0.3) as ([a, b], _store), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/", tools=[hold]) as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("app please")
+                await until(
+                    events,
+                    lambda e: isinstance(e, vrt.ToolStream) and e.phase == P.ARGUMENTS_COMPLETE,
+                )
+                move(proxy, b, cut=False)
+                a.server.drain()
+                first = await until(events, ended)
+                assert first.reason == "interrupted"
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                await client.send_text("hello again")
+                second = await until(events, ended)
+    phases = [e.phase for e in events.events if isinstance(e, vrt.ToolStream)]
+    assert phases.count(P.CANCELLED) == 1
+    assert texts(events.events, second.turn_id) == "seen 2 inputs, 1 interrupted"
+    vrt.testing.assert_stream_valid(events.events)
+
+
+async def test_a_crash_costs_only_the_turn_in_flight() -> None:
+    """The server dies mid-turn, with an app call open in the app: once its lease is over
+    (here: ended by hand, as 5 s would), the other server adopts the session from the turn's
+    start; the app gets its one terminal for the call and the turn, the model the turn
+    marked interrupted."""
+    aborted = trio.Event()
+
+    @vrt.app_tool(parameters=HOLD_PARAMS)
+    async def hold(args: Any, ctx: vrt.ToolContext) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if ctx.signal.aborted:
+                aborted.set()
+
+    async with nodes(2) as ([a, b], store), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/", tools=[hold]) as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("hi")
+                await until(events, ended)
+                await client.send_text("app please")
+                await until(
+                    events,
+                    lambda e: isinstance(e, vrt.ToolStream) and e.phase == P.ARGUMENTS_COMPLETE,
+                )
+                move(proxy, b)  # the network goes first: nothing more reaches the client
+                crashed_at = trio.current_time()
+                a.scope.cancel()  # then the process
+                await a.done.wait()
+                await store.forget_node("n0")  # its lease runs out
+                lost = await until(events, ended)
+                assert lost.reason == "interrupted"
+                assert trio.current_time() - crashed_at < 2.0  # one resume, adopted at once
+                with trio.fail_after(2):
+                    await aborted.wait()
+                await client.send_text("what happened?")
+                after = await until(events, ended)
+    streams = [
+        e for e in events.events if isinstance(e, vrt.ToolStream) and e.call_id.startswith("c_")
+    ]
+    assert [e.phase for e in streams][-1] == P.CANCELLED
+    assert sum(e.phase in (P.CANCELLED, P.SETTLED, P.FAILED) for e in streams) == 1
+    assert streams[-1].name == "hold" and streams[-1].kind == "app"
+    assert texts(events.events, after.turn_id) == "seen 3 inputs, 1 interrupted"
+    assert not any(isinstance(e, vrt.Closed) for e in events.events)
+    vrt.testing.assert_stream_valid(events.events)
+    history = b.model.requests[-1].history
+    assert [type(h).__name__ for h in history][:4] == [
+        "UserInput",
+        "AgentText",
+        "UserInput",
+        "TurnInterrupted",
+    ]
+
+
+async def test_without_a_store_nothing_drains() -> None:
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(
+            functools.partial(vrt.serve, make_agent(Recording()), "127.0.0.1", 0)
+        )
+        with pytest.raises(ValueError, match="without a store"):
+            server.drain()
+        nursery.cancel_scope.cancel()
