@@ -22,6 +22,7 @@ from vrt import check as vrt_check
 from vrt._cli import demo_agent
 from vrt._cli.demo import FAST, run_demo
 from vrt._engine.groups import single_unwrapped
+from vrt._net.node import default_name
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -109,6 +110,41 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also serve the demo page at / (its app tools edit a document in the page)",
     )
+    production = serve.add_argument_group(
+        "serving in production (docs/deploy.md)",
+        "With a store, sessions survive deploys and crashes: SIGTERM drains (GET /healthz "
+        "answers 503, every session is handed over at its next turn boundary, then the "
+        "process exits 0); a second SIGTERM or SIGINT stops at once.",
+    )
+    production.add_argument(
+        "--store",
+        metavar="URL",
+        help="redis://HOST:PORT[/DB] or valkey://...: where sessions are saved, shared by "
+        "every node (default: none, sessions live in this process)",
+    )
+    production.add_argument(
+        "--workers",
+        type=_count,
+        default=1,
+        help="processes on one port (SO_REUSEPORT); more than 1 needs --store "
+        "(default: %(default)s)",
+    )
+    production.add_argument(
+        "--node", metavar="NAME", help="this process's name in the store (default: host:pid)"
+    )
+    production.add_argument(
+        "--drain-timeout",
+        type=_seconds,
+        default=_default("--drain-timeout"),
+        help="seconds a drain waits for a turn before interrupting it (default: %(default)s)",
+    )
+    production.add_argument(
+        "--relay-host",
+        metavar="HOST",
+        help="the address other nodes reach this one at (default: --host, or this "
+        "machine's address for a wildcard)",
+    )
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
 
     diagrams = commands.add_parser(
@@ -254,16 +290,35 @@ def _default(flag: str) -> object:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    agent = load_agent(args.target)
-    options = {
-        flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
-        for flag, *_ in _SAFETY
-    }
+    if args.workers > 1 and not args.store:
+        print(
+            "vrt serve: --workers above 1 needs --store (sessions move between them)",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.workers > 1 and args.worker_index is None:
+        from vrt._cli.workers import supervise
+
+        return supervise(args)
+    agent = load_agent(args.target)
+    options = {
+        flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
+        for flag, *_ in _SAFETY
+    }
+    production: dict[str, Any] = {}
+    if args.store:
+        production = {
+            "store": args.store,
+            "node": args.node or default_name(args.worker_index),
+            "drain_timeout": args.drain_timeout,
+            "relay_host": args.relay_host,
+            "reuse_port": args.worker_index is not None,
+        }
     return _serve_until_interrupted(
         agent,
         args.host,
@@ -272,6 +327,7 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_origins=args.allowed_origins,
         web_demo=args.web,
         **options,
+        **production,
     )
 
 
@@ -279,27 +335,42 @@ def _serve_until_interrupted(
     agent: vrt.Agent, host: str, port: int, label: str, **options: Any
 ) -> int:
     """``vrt.serve`` until SIGINT/SIGTERM; prints the URL; exit status 2 for a bad port or
-    option."""
+    option. With a store, the first SIGTERM drains (exit 0 once every session moved)."""
     args = argparse.Namespace(host=host, port=port, target=label)
+    drained = False
 
     async def run() -> None:
+        nonlocal drained
         # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
         # KeyboardInterrupt delivery, which after an HTTP-refused upgrade sometimes never
         # reached the main task (the process hung; see the README's known limits).
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                server = await nursery.start(
-                    functools.partial(vrt.serve, agent, args.host, args.port, **options)
-                )
+                done = trio.Event()
+
+                async def serve(*, task_status: trio.TaskStatus[vrt.Server]) -> None:
+                    await vrt.serve(agent, args.host, args.port, task_status=task_status, **options)
+                    done.set()  # drained
+
+                server = await nursery.start(serve)
                 print(f"vrt serve: {args.target} on {server.url}", flush=True)
                 if options.get("web_demo"):
                     page = server.url.replace("ws://", "http://")
                     print(f"vrt serve: the demo page is {page}", flush=True)
-                async for _ in signals:
-                    logging.getLogger("vrt.server").info("shutting down")
+                log = logging.getLogger("vrt.server")
+                async for signum in signals:
+                    if signum == signal.SIGTERM and server.node is not None and not drained:
+                        drained = True
+                        log.info("SIGTERM: draining (a second one stops at once)")
+                        server.drain()
+                        nursery.start_soon(_stop_when, done, nursery.cancel_scope)
+                        continue
+                    log.info("shutting down")
+                    drained = False
                     nursery.cancel_scope.cancel()  # every session gets closed(shutdown)
                     break
-        raise KeyboardInterrupt  # the exit status of an interrupted command: 130
+        if not drained:
+            raise KeyboardInterrupt  # the exit status of an interrupted command: 130
 
     try:
         with single_unwrapped():
@@ -311,7 +382,15 @@ def _serve_until_interrupted(
     except ValueError as exc:  # an option vrt.serve refuses
         print(f"vrt serve: {exc}", file=sys.stderr)
         return 2
+    except vrt.VrtError as exc:  # the store does not answer
+        print(f"vrt serve: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+async def _stop_when(done: trio.Event, scope: trio.CancelScope) -> None:
+    await done.wait()
+    scope.cancel()
 
 
 def _demo(args: argparse.Namespace) -> int:

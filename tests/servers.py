@@ -1,0 +1,135 @@
+"""Real servers for the tests, on loopback ports: Debian's ``redis-server`` and ``haproxy``
+(`.ci/run` installs both), started and stopped by the test, bounded in time.
+
+A missing binary fails the test that needs it, with the command to install it: these
+tests are in the first pass (marked ``network``), never skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+START_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name) or shutil.which(f"/usr/sbin/{name}")
+    if found is None:
+        raise RuntimeError(f"{name} is not installed: apt-get install {package}")
+    return found
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"{what} did not listen on {port} within {START_TIMEOUT:g} s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A fresh ``redis-server`` on a free loopback port, nothing saved to disk: its URL."""
+    binary = _binary("redis-server", "redis-server")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as folder:
+        process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                folder,
+                "--logfile",
+                str(Path(folder) / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for_port(port, process, "redis-server")
+            yield f"redis://127.0.0.1:{port}"
+        finally:
+            _stop(process)
+
+
+HAPROXY_CONFIG = """
+global
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout tunnel 1h
+    option http-server-close
+frontend vrt
+    bind 127.0.0.1:{port}
+    default_backend nodes
+backend nodes
+    balance roundrobin
+    option httpchk GET /healthz
+    http-check expect status 200
+    default-server inter 300ms fall 1 rise 2
+{servers}
+"""
+
+
+@contextmanager
+def haproxy(backends: list[int], *, config: str = HAPROXY_CONFIG) -> Iterator[int]:
+    """HAProxy on a free loopback port in front of ``backends`` (loopback ports),
+    ``balance roundrobin`` and no stickiness: its port."""
+    binary = _binary("haproxy", "haproxy")
+    port = free_port()
+    servers = "\n".join(
+        f"    server n{i} 127.0.0.1:{backend} check" for i, backend in enumerate(backends)
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "haproxy.cfg"
+        path.write_text(config.format(port=port, servers=servers))
+        process = subprocess.Popen(
+            [binary, "-f", str(path), "-db"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            _wait_for_port(port, process, "haproxy")
+            yield port
+        finally:
+            _stop(process)

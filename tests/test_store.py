@@ -1,0 +1,138 @@
+"""The store's rules, on both stores: :class:`MemoryStore` and :class:`RedisStore` on a real
+``redis-server`` (valkey-glide under Trio). The same test, the same answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from tests.servers import free_port, redis_server
+from vrt._net.store import MemoryStore, RedisStore, Saved, Store, StoreError, open_store
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.network)])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    url = request.getfixturevalue("redis_url")
+    the_store = open_store(url)
+    assert isinstance(the_store, RedisStore)
+    await the_store.connect()
+    try:
+        yield the_store
+    finally:
+        await the_store.aclose()
+
+
+def sid() -> str:
+    return f"s_{trio.current_time()}_{id(object())}"
+
+
+async def test_a_node_lives_while_it_beats(store: Store) -> None:
+    node = sid()
+    assert await store.node_address(node) is None
+    await store.heartbeat(node, "127.0.0.1:1234", 0.3)
+    assert await store.node_address(node) == "127.0.0.1:1234"
+    await trio.sleep(0.5)
+    assert await store.node_address(node) is None  # its lease ran out
+    await store.heartbeat(node, "127.0.0.1:1234", 5)
+    await store.forget_node(node)
+    assert await store.node_address(node) is None
+
+
+async def test_owners_change_only_by_compare_and_set(store: Store) -> None:
+    s = sid()
+    assert await store.load(s) is None
+    assert await store.save(s, "a", "a", b"one", 5)
+    assert await store.load(s) == Saved(owner="a", state=b"one")
+    assert not await store.save(s, "b", "b", b"two", 5)  # b does not own it
+    assert await store.claim(s, "b", "c") is None  # the owner is not b
+    assert await store.save(s, "a", "", b"parked", 5)  # a hands it over
+    assert await store.claim(s, "", "b") == Saved(owner="b", state=b"parked")
+    assert await store.claim(s, "", "c") is None  # taken already: only one node wins
+    assert not await store.save(s, "a", "a", b"stale", 5)  # a can no longer write it
+    await store.delete(s, "a")  # not a's to delete
+    assert (await store.load(s)) == Saved(owner="b", state=b"parked")
+    await store.delete(s, "b")
+    assert await store.load(s) is None
+
+
+async def test_records_expire_unless_touched(store: Store) -> None:
+    kept, dropped = sid(), sid() + "x"
+    for s in (kept, dropped):
+        assert await store.save(s, "a", "a", b"state", 0.4)
+    await trio.sleep(0.25)
+    await store.touch([kept], 5)
+    await trio.sleep(0.3)
+    assert await store.load(kept) is not None
+    assert await store.load(dropped) is None
+
+
+async def test_concurrent_claims_have_one_winner(store: Store) -> None:
+    s = sid()
+    assert await store.save(s, "a", "", b"parked", 5)
+    winners: list[Any] = []
+
+    async def claim(node: str) -> None:
+        if await store.claim(s, "", node) is not None:
+            winners.append(node)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(claim, f"n{i}")
+    assert len(winners) == 1
+
+
+async def test_big_states_round_trip(store: Store) -> None:
+    s = sid()
+    state = bytes(range(256)) * 8192  # 2 MiB, every byte value
+    assert await store.save(s, "a", "a", state, 5)
+    found = await store.load(s)
+    assert found is not None and found.state == state
+
+
+@pytest.mark.network
+async def test_a_store_that_does_not_answer_is_a_store_error() -> None:
+    with trio.socket.socket() as silent:  # listens, never answers
+        await silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        store = RedisStore(host="127.0.0.1", port=port, timeout=0.5)
+        with trio.fail_after(5), pytest.raises(StoreError):
+            await store.connect()
+    store = RedisStore(host="127.0.0.1", port=free_port(), timeout=0.5)
+    with trio.fail_after(5), pytest.raises(StoreError, match="cannot connect"):
+        await store.connect()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://x", "redis://, valkey:// or memory://"),
+        ("redis://", "no host"),
+        ("redis://h:port", "port is not a number"),
+        ("redis://h:1/x", "database must be a number"),
+    ],
+)
+def test_bad_store_urls(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        open_store(url)
+
+
+def test_a_store_url_never_shows_its_password() -> None:
+    store = open_store("redis://user:s3cret@127.0.0.1:6380/2")
+    assert isinstance(store, RedisStore)
+    assert (store.port, store.database, store.tls) == (6380, 2, False)
+    assert "s3cret" not in repr(store)
+    secure = open_store("rediss://h")
+    assert isinstance(secure, RedisStore) and secure.tls
