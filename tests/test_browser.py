@@ -8,6 +8,7 @@ loads the module the server's HTTP front serves.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import signal
@@ -22,9 +23,11 @@ from typing import Any
 
 import attrs
 import pytest
+import trio
 
 import vrt
 from tests.web_bad_server import CASES, WELCOME, Case, frame
+from tests.web_nodes import SCRIPTS, HandingOver, Nodes, handing_over, nodes
 from vrt._wire import messages as m
 from vrt._wire.client import ClientProtocol
 
@@ -136,10 +139,6 @@ RUN = """async ([url, capabilities]) => {
 
 def python_events(url: str, capabilities: tuple[str, ...]) -> list[list[Any]]:
     """The same session with the Python client: its events in the browser's shape."""
-    import trio
-
-    import vrt
-    from vrt._net.frames import message_of
 
     @vrt.app_tool(name="edit", parameters={"type": "object"})
     async def edit(args: Any, ctx: vrt.ToolContext) -> Any:
@@ -153,12 +152,9 @@ def python_events(url: str, capabilities: tuple[str, ...]) -> list[list[Any]]:
             async with client.subscribe() as events:
                 await client.send_text("go")
                 async for event in events:
-                    message = message_of(event, tool_stream=True)
-                    if message is not None:
-                        cls, fields = message
-                        data = json.loads(json.dumps({"type": cls.TYPE, **fields}))
-                        wire = {_camel(k): v for k, v in data.items() if v is not None}
-                        out.append([wire.pop("type"), wire])
+                    shown = as_page_event(event)
+                    if shown is not None and shown[0] not in ("reconnecting", "resumed"):
+                        out.append(shown)
                     if isinstance(event, vrt.TurnEnded):
                         break
 
@@ -166,16 +162,37 @@ def python_events(url: str, capabilities: tuple[str, ...]) -> list[list[Any]]:
     return out
 
 
+def as_page_event(event: Any) -> list[Any] | None:
+    """A Python client's event as the page records it (``[type, detail]``), or None."""
+    from vrt._net.frames import message_of
+
+    if isinstance(event, vrt.Reconnecting | vrt.Resumed):
+        return ["reconnecting" if isinstance(event, vrt.Reconnecting) else "resumed", {}]
+    if isinstance(event, vrt.Closed):
+        return ["closed", {"reason": event.reason}]
+    message = message_of(event, tool_stream=True)
+    if message is None:
+        return None
+    cls, fields = message
+    data = json.loads(json.dumps({"type": cls.TYPE, **fields}))
+    wire = {_camel(k): v for k, v in data.items() if v is not None}
+    return [wire.pop("type"), wire]
+
+
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p.title() for p in rest)
 
 
+def test_vrt_js_offers_what_the_python_client_offers(page: Any) -> None:
+    got = page.evaluate("async () => { const m = await import('/vrt.js'); "
+                        "return [m.CAPABILITIES, m.LEGACY]; }")  # fmt: skip
+    assert got == [list(m.CAPABILITIES), list(m.LEGACY)]
+
+
 @pytest.mark.parametrize("offer", ["all", "legacy"])
 def test_vrt_js_runs_a_turn_like_the_python_client(server: str, page: Any, offer: str) -> None:
-    caps = (
-        ["tool-stream-v1", "batch-v1", "local-preview-v1"] if offer == "all" else ["tool-stream-v1"]
-    )
+    caps = list(m.CAPABILITIES) if offer == "all" else ["tool-stream-v1"]
     got = run_js(page, RUN, [server, caps])
     assert got["caps"] == caps and got["closed"] == "client"
     # serial, in arrival order, though the first is the slowest; ctx.signal an AbortSignal
@@ -326,7 +343,7 @@ def test_a_cut_while_an_app_tool_runs_resumes_with_nothing_lost_or_run_twice(
     assert got["lifecycle"] == ["reconnecting", "resumed", "closed"]
     ran = [x[1] for x in got["log"] if x[0] == "begin"]
     assert ran == [1, 2, 3]  # each app tool exactly once, in order, across the cut
-    expected = python_events(server, ("tool-stream-v1", "batch-v1", "local-preview-v1"))
+    expected = python_events(server, m.CAPABILITIES)
     assert got["events"] == expected  # the app saw what an uncut session shows
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
 
@@ -882,3 +899,337 @@ def test_the_limits_default_to_the_python_clients(
     bad_page: Any, bad_server: BadServer, options: dict[str, int], got: list[Any]
 ) -> None:
     assert run_js(bad_page, OPTIONS, [bad_server.url + "plain", options]) == got
+
+
+# -- handover-v1 ---------------------------------------------------------------------------
+
+
+HARNESS = """async ([url, options]) => {
+  const { connect } = await import("/vrt.js");
+  const state = (window.vrtTest = {events: [], cursor: 0, waiters: new Set(), aborted: []});
+  const push = (event) => {
+    state.events.push(event);
+    for (const look of [...state.waiters]) look();
+  };
+  // the next event (after the last one found) that passes `test`
+  state.until = (test) => new Promise((resolve) => {
+    const look = () => {
+      if (!state.waiters.has(look)) return;
+      for (let i = state.cursor; i < state.events.length; i++) {
+        if (test(state.events[i])) {
+          state.cursor = i + 1;
+          state.waiters.delete(look);
+          resolve(state.events[i]);
+          return;
+        }
+      }
+    };
+    state.waiters.add(look);
+    look();
+  });
+  const client = await connect(url, {
+    ...options,
+    tools: [{
+      name: "hold", description: "", parameters: {type: "object", properties: {}},
+      run: (args, ctx) => new Promise(() => {  // never returns
+        ctx.signal.addEventListener("abort", () => state.aborted.push([ctx.callId,
+                                                                       ctx.signal.reason]));
+        push(["run", {callId: ctx.callId}]);
+      }),
+    }],
+  });
+  for (const type of ["tool.stream", "turn.started", "text.delta", "turn.ended", "error",
+                      "reconnecting", "resumed", "closed"]) {
+    client.addEventListener(type, (e) => push([type, e.detail]));
+  }
+  state.client = client;
+}"""
+
+
+def page_until(page: Any, test: str) -> Any:
+    """The page's next event that passes the JS function ``test`` (of ``[type, detail]``)."""
+    return run_js(page, f"async () => window.vrtTest.until({test})", None, within=20)
+
+
+def page_send(page: Any, text: str) -> None:
+    run_js(page, "async (text) => window.vrtTest.client.sendText(text)", text)
+
+
+def page_close(page: Any) -> dict[str, Any]:
+    """Close the page's session: every event it saw, and its tools' aborts."""
+    got: dict[str, Any] = run_js(
+        page,
+        """async () => {
+          const state = window.vrtTest;
+          await state.client.close();
+          return {events: state.events, aborted: state.aborted, closed: state.client.closed};
+        }""",
+        None,
+    )
+    assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+    return got
+
+
+ENDED = '([type]) => type === "turn.ended"'
+
+
+def story(events: list[list[Any]]) -> list[list[Any]]:
+    """What happened, ids named by order of appearance (two runs' ids differ)."""
+    names: dict[str, str] = {}
+
+    def named(x: str) -> str:
+        return names.setdefault(x, f"#{len(names) + 1}")
+
+    out: list[list[Any]] = []
+    for kind, d in events:
+        if kind in ("reconnecting", "resumed"):
+            out.append([kind])
+        elif kind == "closed":
+            out.append([kind, d["reason"]])
+        elif kind == "error":
+            out.append([kind, d["code"]])
+        elif kind == "turn.started":
+            out.append([kind, named(d["turnId"]), d["epoch"]])
+        elif kind == "turn.ended":
+            out.append([kind, named(d["turnId"]), d["epoch"], d["reason"]])
+        elif kind == "text.delta":
+            out.append([kind, named(d["turnId"]), d["text"]])
+        elif kind == "tool.stream":
+            call = [named(d["callId"]), named(d["turnId"]), d["epoch"], d["name"], d["kind"]]
+            out.append([kind, *call, d["phase"]])
+    return out
+
+
+def text_of(events: list[list[Any]], turn_id: str) -> str:
+    return "".join(d["text"] for k, d in events if k == "text.delta" and d["turnId"] == turn_id)
+
+
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> None:
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+
+
+async def python_drain(n: Nodes) -> list[list[Any]]:
+    """The drain test's steps with vrt.connect: its events in the page's shape."""
+    from tests.conftest import Log, until
+
+    async with vrt.connect(n.url) as client, client.subscribe(previews=False) as channel:
+        log = Log(channel)
+        await client.send_text("slow one")
+        await until(log, lambda e: isinstance(e, vrt.TextDelta))
+        await n.move_now(1)
+        await n.drain_now(0)
+        await until(log, lambda e: isinstance(e, vrt.TurnEnded))
+        await until(log, lambda e: isinstance(e, vrt.Resumed))
+        await n.nodes[0].done.wait()
+        await client.send_text("and now?")
+        await until(log, lambda e: isinstance(e, vrt.TurnEnded))
+    return [e for e in map(as_page_event, log.events) if e is not None]
+
+
+def test_a_drain_moves_the_page_s_session_to_the_other_node(
+    browser: Any, server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Server.drain()`` while the page's turn runs: the turn ends where it began, the
+    server closes 1012 at that boundary, the page resumes on the other node (reconnecting,
+    resumed, never closed) and its next turn runs there, the model seeing both inputs;
+    the page's events are the Python client's in the same steps."""
+    page = open_page(browser, server)
+    with nodes() as n:
+        run_js(page, HARNESS, [n.url, {"resume": {"backoff": 50}}])
+        page_send(page, "slow one")
+        page_until(page, '([type]) => type === "text.delta"')
+        n.move(1)  # the load balancer takes n0 out...
+        n.drain(0)  # ...and it drains
+        first = page_until(page, ENDED)
+        page_until(page, '([type]) => type === "resumed"')
+        n.drained(0)  # every session handed over: n0's serve returned
+        page_send(page, "and now?")
+        second = page_until(page, ENDED)
+        got = page_close(page)
+        a, b = (node.model.requests for node in n.nodes)
+    page.close()
+    assert first[1]["reason"] == second[1]["reason"] == "finished"
+    events = got["events"]
+    assert text_of(events, second[1]["turnId"]) == "seen 2 inputs, 0 interrupted"
+    assert [k for k, _ in events if k in ("reconnecting", "resumed", "closed")] == [
+        "reconnecting", "resumed", "closed"
+    ]  # fmt: skip
+    assert got["closed"] == "client"
+    assert len(a) == 1 and len(b) == 1  # the second turn ran on n1, with the whole history
+    inputs = [h.text for h in b[0].history if isinstance(h, vrt.models.UserInput)]
+    assert inputs == ["slow one", "and now?"]
+    with nodes() as n:
+        expected = n.loop.call(python_drain, n)
+    assert story(events) == [*story(expected), ["closed", "client"]]
+    no_errors_logged(caplog)
+
+
+async def python_crash(n: Nodes) -> tuple[list[list[Any]], list[str]]:
+    """The crash test's steps with vrt.connect: its events, and its tool's aborts."""
+    from tests.conftest import Log, until
+
+    running = trio.Event()
+    aborted: list[str] = []
+
+    @vrt.app_tool(parameters={"type": "object", "properties": {}})
+    async def hold(args: Any, ctx: vrt.ToolContext) -> None:
+        running.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            if ctx.signal.aborted:
+                aborted.append(str(ctx.signal.reason))
+
+    async with (
+        vrt.connect(n.url, tools=[hold]) as client,
+        client.subscribe(previews=False) as channel,
+    ):
+        log = Log(channel)
+        await client.send_text("hi")
+        await until(log, lambda e: isinstance(e, vrt.TurnEnded))
+        await client.send_text("app please")
+        await running.wait()
+        await n.crash_now(0, to=1)
+        await until(log, lambda e: isinstance(e, vrt.TurnEnded))
+        await client.send_text("what happened?")
+        await until(log, lambda e: isinstance(e, vrt.TurnEnded))
+    return [e for e in map(as_page_event, log.events) if e is not None], aborted
+
+
+def test_a_crash_ends_the_page_s_open_call_and_turn_once(
+    browser: Any, server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The page's app tool runs (never returning) when its node's network and process go,
+    and the node's lease ends: the page resumes on the other node, which adopts the
+    session from its last save and ends what the page reported open: one ``cancelled``
+    for the call (its AbortSignal aborted), one ``turn.ended`` ``interrupted``; the next
+    turn works, the model seeing the turn marked. As the Python client sees it."""
+    page = open_page(browser, server)
+    with nodes() as n:
+        run_js(page, HARNESS, [n.url, {"resume": {"backoff": 50}}])
+        page_send(page, "hi")
+        page_until(page, ENDED)
+        page_send(page, "app please")
+        page_until(page, '([type, d]) => type === "tool.stream" && d.phase === '
+                   '"arguments-complete"')  # fmt: skip
+        page_until(page, '([type]) => type === "run"')
+        crashed_at = time.monotonic()
+        n.crash(0, to=1)
+        lost = page_until(page, ENDED)
+        took = time.monotonic() - crashed_at
+        page_send(page, "what happened?")
+        after = page_until(page, ENDED)
+        got = page_close(page)
+        history = n.nodes[1].model.requests[-1].history
+    page.close()
+    assert lost[1]["reason"] == "interrupted" and took < 3, took
+    events = got["events"]
+    (call_id,) = {d["callId"] for k, d in events if k == "run"}
+    phases = [d["phase"] for k, d in events if k == "tool.stream" and d["callId"] == call_id]
+    assert phases == ["start", "arguments-complete", "cancelled"]
+    assert got["aborted"] == [[call_id, "interrupted"]]
+    ends = [d for k, d in events if k == "turn.ended" and d["turnId"] == lost[1]["turnId"]]
+    assert len(ends) == 1
+    assert text_of(events, after[1]["turnId"]) == "seen 3 inputs, 1 interrupted"
+    assert [type(h).__name__ for h in history][:4] == [
+        "UserInput", "AgentText", "UserInput", "TurnInterrupted"
+    ]  # fmt: skip
+    assert [k for k, _ in events if k in ("reconnecting", "resumed", "closed")] == [
+        "reconnecting", "resumed", "closed"
+    ]  # fmt: skip
+    with nodes() as n:
+        expected, aborted = n.loop.call(python_crash, n)
+    assert aborted == ["interrupted"]
+    assert story(events) == [*story(expected), ["closed", "client"]]
+    no_errors_logged(caplog)
+
+
+HANDED = """async ([url, options]) => {
+  const { connect } = await import("/vrt.js");
+  const events = [];
+  const client = await connect(url, options);
+  const over = new Promise((resolve) => {
+    for (const type of ["tool.stream", "turn.started", "text.delta", "turn.ended", "error",
+                        "reconnecting", "resumed", "closed"]) {
+      client.addEventListener(type, (e) => {
+        if (type === "text.delta" && e.detail.turnId === "end") resolve();
+        else events.push([type, e.detail]);
+      });
+    }
+  });
+  await client.sendText("go");
+  await over;
+  await client.close();
+  return events;
+}"""
+
+
+async def python_handed(url: str) -> list[list[Any]]:
+    """A script of the hand-written server with vrt.connect: its events."""
+    from tests.conftest import Log, until
+
+    async with vrt.connect(url) as client, client.subscribe(previews=False) as channel:
+        log = Log(channel)
+        await client.send_text("go")
+        await until(log, lambda e: isinstance(e, vrt.TextDelta) and e.turn_id == "end")
+    return [e for e in map(as_page_event, log.events[:-1]) if e is not None]
+
+
+def _held(*entries: tuple[str, ...]) -> list[dict[str, str]]:
+    keys = ("turnId", "callId", "name", "kind")
+    return [dict(zip(keys, entry, strict=False)) for entry in entries]
+
+
+HELD = {
+    "calls": _held(("t_1", "s1", "lookup", "server"), ("t_1", "a2", "edit", "app")),
+    "turn": _held(("t_2",)),
+    "many": [*_held(*(("t_1", f"s{i}", "lookup", "server") for i in range(255))), *_held(("t_2",))],
+    "idle": None,
+    "no-handover": None,
+}
+"""What the resume hello's ``open`` holds for each script (None: no ``open``)."""
+
+
+@pytest.fixture(scope="module")
+def handing() -> Iterator[HandingOver]:
+    with handing_over() as server:
+        yield server
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_the_page_resumes_at_once_after_1012_saying_what_it_holds_open(
+    browser: Any, server: str, handing: HandingOver, name: str
+) -> None:
+    """A hand-written server closes 1012 after a script's frames: the page resumes at
+    once (though its backoff is a second), its resume hello holds each call without a
+    terminal phase and the open turn if none of them is of it (at most 256 entries; none
+    without handover-v1), byte for byte the Python client's; a second ``turn.ended`` of
+    a turn is dropped, in both."""
+    assert set(HELD) == set(SCRIPTS)
+    page = open_page(browser, server)
+    got = run_js(page, HANDED, [handing.url + name, {"resume": {"backoff": 1000}}])
+    assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+    page.close()
+    expected = handing.loop.call(python_handed, handing.url + name)
+    page_hello, python_hello = handing.hellos.pop(name)
+    assert page_hello == python_hello
+    hello = json.loads(page_hello)
+    assert hello.get("open") == HELD[name]
+    assert "tools" not in hello and hello["resume"]["sessionId"] == "s_moving"
+    assert all(delay < 0.4 for delay in handing.delays.pop(name)), name  # no backoff
+    assert story(got) == [*story(expected), ["closed", "client"]]
+    ended = [d["turnId"] for k, d in got if k == "turn.ended"]
+    assert len(ended) == len(set(ended)), ended
+
+
+def test_an_ordinary_close_is_resumed_after_the_backoff(browser: Any, server: str) -> None:
+    """The same session closed 1001 (going away) instead: the page waits its first
+    backoff (1 s, jittered to 0.5-1.5 s) before the resume, as the Python client does."""
+    page = open_page(browser, server)
+    with handing_over(code=1001) as handing:
+        got = run_js(page, HANDED, [handing.url + "calls", {"resume": {"backoff": 1000}}])
+        (delay,) = handing.delays["calls"]
+    page.close()
+    assert 0.45 < delay < 3, delay
+    assert [k for k, _ in got if k in ("reconnecting", "resumed")] == ["reconnecting", "resumed"]

@@ -7,6 +7,7 @@ import {
   REPLAY_LIMIT_BYTES,
   VrtError,
   type AppTool,
+  type Capability,
   type ClosedReason,
   type ToolStreamDetail,
 } from "../../vrt/web/vrt.js";
@@ -28,10 +29,11 @@ const edit: AppTool<Edit, { done: boolean }> = {
 };
 
 export async function main(url: string): Promise<void> {
+  const handover: Capability = "handover-v1"; // resume at once after a close 1012
   const client = await connect(url, {
     tools: [edit],
-    capabilities: CAPABILITIES,
-    resume: { timeout: 5000 },
+    capabilities: CAPABILITIES.includes(handover) ? CAPABILITIES : [...LEGACY, handover],
+    resume: { timeout: 5000, connectTimeout: 2000, backoff: 50 },
     maxMessageSize: 4 * MAX_MESSAGE_SIZE,
     replayLimit: 1000,
     replayLimitBytes: 2 * REPLAY_LIMIT_BYTES,

@@ -11,7 +11,12 @@ export declare const MAX_MESSAGE_SIZE: number;
 export declare const REPLAY_LIMIT: number;
 export declare const REPLAY_LIMIT_BYTES: number;
 
-export type Capability = "tool-stream-v1" | "batch-v1" | "local-preview-v1" | (string & {});
+export type Capability =
+  | "tool-stream-v1"
+  | "batch-v1"
+  | "local-preview-v1"
+  | "handover-v1"
+  | (string & {});
 export type Phase =
   | "start"
   | "arguments-delta"
@@ -54,11 +59,14 @@ export interface AppTool<Args = any, Output = unknown> {
 }
 
 export interface ResumeOptions {
-  /** ms to get the session back after the connection dropped (default 30000). */
+  /** ms to get the session back after the connection dropped (default 30000); also how
+   * long `connect` keeps trying to open the session. A connection that closes with 1012
+   * (handover-v1: the session moved to another server) starts a fresh one. */
   timeout?: number;
-  /** ms for one connection attempt (default 10000). */
+  /** ms for one connection attempt, its welcome included (default 10000). */
   connectTimeout?: number;
-  /** first retry delay in ms, doubled each try, jittered (default 100). */
+  /** first retry delay in ms, doubled each try, jittered (default 100); waited before
+   * the first resume attempt too, except after a close 1012 (at once). */
   backoff?: number;
   /** the longest retry delay in ms (default 5000). */
   maxBackoff?: number;
@@ -212,7 +220,11 @@ export declare class Client extends EventTarget {
   ): void;
 }
 
-/** Connect and open a session; resolves once the server welcomed it. */
+/** Connect and open a session; resolves once the server welcomed it. An attempt that
+ * fails before the WebSocket opens (the browser does not say why: a 503 from a draining
+ * server, nothing listening, a refused origin) is tried again with backoff until
+ * `resume.timeout`; with `resume: false` it rejects at once. Rejects with VrtError: the
+ * server's refusal (its code), or the last attempt's CONNECT, TIMEOUT or CLOSED. */
 export declare function connect(url: string, options?: ConnectOptions): Promise<Client>;
 
 /** Python's json.dumps of a value (how the server's engine writes arguments' text). */

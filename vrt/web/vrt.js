@@ -1,10 +1,12 @@
 // vrt.js: the browser client of vrt/1 (PROTOCOL.md), a dependency-free ES module.
 //
 // The same client half as the Python client (vrt/_wire/client.py, vrt/_net/client.py):
-// hello/welcome and capabilities (tool-stream-v1, batch-v1, local-preview-v1), seq/ack
-// and the replay buffer, resume with jittered backoff and a connect deadline, the epoch
-// gate, the serial app-tool runner (one at a time, arrival order), interrupt() cancelling
-// every open call locally at once before telling the server, confirm.request, closed.
+// hello/welcome and capabilities (tool-stream-v1, batch-v1, local-preview-v1,
+// handover-v1), seq/ack and the replay buffer, resume with jittered backoff and a connect
+// deadline (at once after a close 1012, saying which calls and turn it holds open), the
+// epoch gate, the serial app-tool runner (one at a time, arrival order), interrupt()
+// cancelling every open call locally at once before telling the server, confirm.request,
+// closed.
 // Each call's CallView and AppCall machines, and the connection's, come from
 // machines.js, generated from the Python classes in machines/; so do the JSON Schemas
 // every message from the server is checked against, as the Python client checks them.
@@ -30,8 +32,23 @@ import {
 } from "./machines.js";
 
 export const PROTOCOL = "vrt/1";
-export const CAPABILITIES = Object.freeze(["tool-stream-v1", "batch-v1", "local-preview-v1"]);
+export const CAPABILITIES = Object.freeze([
+  "tool-stream-v1",
+  "batch-v1",
+  "local-preview-v1",
+  "handover-v1",
+]);
 export const LEGACY = Object.freeze(["tool-stream-v1"]);
+const HANDOVER_V1 = "handover-v1";
+/** Close code "service restart" (handover-v1): the session moved, resume now, elsewhere. */
+const HANDOVER_CLOSE = 1012;
+/** A resumed connection that lasts this long ends the resume episode: the next loss has a
+ * fresh timeout and backoff (vrt/_net/client.py's STABLE_AFTER). One that drops sooner
+ * keeps both, so a server that drops every resume is not retried forever. */
+const STABLE_AFTER = 5000; // ms
+/** The most entries of a resume hello's `open` (vrt/_wire/messages.py's OPEN_LIMIT). */
+const OPEN_LIMIT = 256;
+const ENDED_KEPT = 100; // turns whose turn.ended the app saw (a second one is dropped)
 const ACK_EVERY = 50;
 const ACK_INTERVAL = 200; // ms
 const BATCH_MESSAGES = 100;
@@ -294,11 +311,16 @@ export class Client extends EventTarget {
     this.queue = [];
     this.running = null; // {callId, controller}
     this.answers = new Map(); // callId -> wire result, for a replayed tool.call
+    this.openTurn = null; // the turn the app saw start and not end (handover-v1)
+    this.ended = new Set(); // turns whose turn.ended the app saw (the newest ENDED_KEPT)
     this.previews = new Previews();
     this.batching = false;
     this.localPreviews = false;
     this.ws = null;
     this._ackTimer = null;
+    this._welcomeTimer = null;
+    this._resumeUntil = null; // the resume episode's deadline (null: none under way)
+    this._connectedAt = 0; // when the last welcome came
     this._closing = false;
   }
 
@@ -340,16 +362,27 @@ export class Client extends EventTarget {
 
   // -- the connection ---------------------------------------------------------------------------
 
-  /** The opening handshake; a connection lost before the welcome starts over with a
+  /** The opening handshake; an attempt that fails before the welcome starts over with a
    * fresh hello (backoff, within the resume timeout), as the Python client does. A
-   * refusal (error + closed rejected) is final. */
+   * refusal (error + closed rejected) is final.
+   *
+   * An attempt that fails before the WebSocket opens is one failed attempt whatever its
+   * cause: the browser does not tell a page why (an upgrade refused with 503 by a
+   * draining server, which the Python client retries, looks the same as nothing
+   * listening, a refused origin or a TLS failure). So every such failure is retried,
+   * within the opening's deadline (the resume timeout; with resume off, the first
+   * failure rejects at once), never more. Each attempt, its welcome included, has
+   * connectTimeout. */
   async _open() {
     const { enabled, timeout, backoff, connectTimeout } = this.resumeOptions;
     const until = Date.now() + (enabled ? timeout : connectTimeout);
     this._resumeDelay = backoff;
     for (;;) {
+      let ws = null;
       try {
-        const ws = await this._dial(Math.min(connectTimeout, Math.max(1, until - Date.now())));
+        const started = Date.now();
+        const budget = Math.min(connectTimeout, Math.max(1, until - started));
+        ws = await this._dial(budget);
         this.ws = ws;
         this._attach(ws);
         const welcomed = new Promise((resolve, reject) => {
@@ -369,10 +402,11 @@ export class Client extends EventTarget {
             parameters,
           })),
         });
-        await welcomed;
+        await this._within(welcomed, started + budget - Date.now());
         this._welcomed = this._refused = null;
         return;
       } catch (error) {
+        if (ws !== null && this.ws === ws) this._drop(ws); // (a stalled welcome)
         if (error.final || error.code === "TOO_LARGE" || Date.now() >= until || !enabled) {
           this._finish("lost", false);
           throw error;
@@ -380,6 +414,27 @@ export class Client extends EventTarget {
         await this._backoff(until);
       }
     }
+  }
+
+  /** The welcome `promise`, or VrtError TIMEOUT after `ms`. */
+  async _within(promise, ms) {
+    let timer;
+    const late = new Promise((_, reject) => {
+      const why = `no welcome within ${Math.round(Math.max(0, ms))} ms`;
+      timer = setTimeout(() => reject(new VrtError("TIMEOUT", why)), Math.max(0, ms));
+    });
+    try {
+      return await Promise.race([promise, late]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Let go of a connection that is no longer this session's (nothing more read). */
+  _drop(ws) {
+    ws.onmessage = ws.onclose = ws.onerror = null;
+    if (this.ws === ws) this.ws = null;
+    if (ws.readyState <= 1) ws.close();
   }
 
   _dial(timeout) {
@@ -403,15 +458,20 @@ export class Client extends EventTarget {
   _attach(ws) {
     ws.binaryType = "arraybuffer"; // a binary frame's size, at once (it is refused anyway)
     ws.onmessage = (event) => this._receive(event.data);
-    ws.onclose = () => this._lost(ws);
+    ws.onclose = (event) => this._lost(ws, event.code);
     ws.onerror = () => {};
   }
 
-  _lost(ws) {
+  /** `ws` closed (with `code`): before the welcome, the opening tries again; after it,
+   * the session is resumed: after a close 1012 (handover-v1: it moved) at once, with a
+   * fresh timeout, as the Python client does; otherwise after the first backoff. */
+  _lost(ws, code) {
     if (ws !== this.ws || this.closed !== null) return;
     this.ws = null;
     clearTimeout(this._ackTimer);
     this._ackTimer = null;
+    clearTimeout(this._welcomeTimer);
+    this._welcomeTimer = null;
     if (this.connection.state === "connecting") {
       // before the welcome: _open() starts over with a fresh hello, or gives up
       this._refused?.(new VrtError("CLOSED", "the connection closed before the welcome"));
@@ -422,43 +482,86 @@ export class Client extends EventTarget {
       return;
     }
     if (this.connection.state === "reconnecting") {
-      this._resume(); // a resume attempt connected, then dropped: the next one
+      this._resume(true); // a resume attempt connected, then dropped: the next one
       return;
     }
     this.connection.send("lost");
     this.outbox = [];
-    this._resumeUntil = Date.now() + this.resumeOptions.timeout;
-    this._resumeDelay = this.resumeOptions.backoff;
+    const now = Date.now();
+    const moved = code === HANDOVER_CLOSE;
+    if (moved || this._resumeUntil === null || now - this._connectedAt >= STABLE_AFTER) {
+      this._resumeUntil = now + this.resumeOptions.timeout; // a new episode
+      this._resumeDelay = this.resumeOptions.backoff;
+    }
     this._emit("reconnecting", { sessionId: this.sessionId });
-    this._resume();
+    this._resume(!moved);
   }
 
-  async _resume() {
+  /** Resume attempts until one connects and sends its hello (the welcome, or the
+   * refusal, arrives as a message; no welcome within connectTimeout is one more failed
+   * attempt), or the episode's deadline passes (closed "lost"). Each attempt that fails
+   * before the WebSocket opens (a 503 from a draining server among them: the page cannot
+   * tell) waits the next backoff. */
+  async _resume(wait) {
     const { connectTimeout } = this.resumeOptions;
     const until = this._resumeUntil;
-    if (this._attempted) await this._backoff(until); // the last attempt dropped: wait first
-    this._attempted = true;
+    if (wait) await this._backoff(until);
     while (this.closed === null && Date.now() < until) {
       try {
-        const ws = await this._dial(Math.min(connectTimeout, Math.max(1, until - Date.now())));
+        const started = Date.now();
+        const budget = Math.min(connectTimeout, Math.max(1, until - started));
+        const ws = await this._dial(budget);
+        if (this.closed !== null) {
+          ws.close(); // the app closed meanwhile
+          return;
+        }
         this.ws = ws;
         this._attach(ws);
-        ws.send(
-          encode({
-            type: "hello",
-            seq: 0,
-            protocol: PROTOCOL,
-            capabilities: this.offered,
-            tools: [],
-            resume: { sessionId: this.sessionId, token: this.resumeToken, lastSeq: this.receivedSeq },
-          }),
-        );
-        return; // the welcome (or the refusal) arrives as a message
+        ws.send(this._resumeHello());
+        this._welcomeTimer = setTimeout(() => {
+          this._welcomeTimer = null;
+          if (this.ws !== ws || this.connection.state !== "reconnecting") return;
+          this._drop(ws); // stalled: the next attempt
+          this._resume(true);
+        }, Math.max(0, started + budget - Date.now()));
+        return;
       } catch {
         await this._backoff(until);
       }
     }
     this._finish("lost");
+  }
+
+  /** The hello of a resume (vrt/_wire/client.py's resume_hello()): outside the numbering,
+   * no tools (declared when the session began), and with handover-v1 what the app holds
+   * open, so that a server adopting the session from an earlier save can end it. */
+  _resumeHello() {
+    const hello = {
+      type: "hello",
+      seq: 0,
+      protocol: PROTOCOL,
+      capabilities: this.offered,
+      resume: { sessionId: this.sessionId, token: this.resumeToken, lastSeq: this.receivedSeq },
+    };
+    if (this.capabilities.includes(HANDOVER_V1)) {
+      const open = this._heldOpen();
+      if (open.length) hello.open = open; // (the Python codec leaves an empty one out)
+    }
+    return encode(hello);
+  }
+
+  /** Each call without a terminal phase (as its start showed it), at most OPEN_LIMIT - 1,
+   * then the open turn if none of them is of it (vrt/_wire/client.py's held_open()). */
+  _heldOpen() {
+    const held = [];
+    for (const [callId, view] of this.views) {
+      if (held.length === OPEN_LIMIT - 1) break;
+      const { turnId, name, kind } = view.first;
+      held.push({ turnId, callId, name, kind });
+    }
+    const turn = this.openTurn;
+    if (turn !== null && held.every((entry) => entry.turnId !== turn)) held.push({ turnId: turn });
+    return held;
   }
 
   /** Wait the next jittered, doubling delay (never past ``until``). */
@@ -474,6 +577,7 @@ export class Client extends EventTarget {
     this.closed = reason;
     if (!this.connection.final) this.connection.send("close");
     clearTimeout(this._ackTimer);
+    clearTimeout(this._welcomeTimer);
     this._abortAll("closed");
     this.views.clear();
     const ws = this.ws;
@@ -689,7 +793,9 @@ export class Client extends EventTarget {
         this._broken(new Broken("BAD_STATE", "resumed another session"));
         return;
       }
-      this._attempted = false;
+      clearTimeout(this._welcomeTimer);
+      this._welcomeTimer = null;
+      this._connectedAt = Date.now();
       this.connection.send("resumed");
       this.epoch = Math.max(this.epoch, msg.epoch);
       if (msg.lastSeq <= this.sentSeq) this._peerAcked(msg.lastSeq);
@@ -704,6 +810,7 @@ export class Client extends EventTarget {
       return;
     }
     this.connection.send("welcome");
+    this._connectedAt = Date.now();
     this.sessionId = msg.sessionId;
     this.resumeToken = msg.resumeToken;
     this.epoch = Math.max(this.epoch, msg.epoch);
@@ -718,11 +825,17 @@ export class Client extends EventTarget {
 
   _onTurnStarted(msg) {
     this.epoch = Math.max(this.epoch, msg.epoch);
+    this.openTurn = msg.turnId;
     this._emit("turn.started", { turnId: msg.turnId, epoch: msg.epoch });
   }
 
   _onTurnEnded(msg) {
     this.epoch = Math.max(this.epoch, msg.epoch);
+    const ended = this.ended;
+    if (ended.has(msg.turnId)) return; // ended already (an adopting server ends what it cannot know ended)
+    ended.add(msg.turnId);
+    if (ended.size > ENDED_KEPT) ended.delete(ended.values().next().value);
+    if (this.openTurn === msg.turnId) this.openTurn = null;
     this._emit("turn.ended", { turnId: msg.turnId, epoch: msg.epoch, reason: msg.reason });
   }
 
