@@ -9,7 +9,7 @@ final states accept nothing.
 breadth first over every interleaving with a visited set. Its transition relation is the
 real machine classes through their compiled tables (ToolCall per call, Turn and Session on
 the server; Connection, a CallView per call and an AppCall per app call on the client) and
-a small model of the engine's and the network's rules around them (``vrt/_check_*.py``):
+a small model of the engine's and the network's rules around them (``vrt/check/_*.py``):
 
 - *The model's stream*: in ``generating`` the model may begin the next call (an app or a
   server tool), complete a call's arguments, or end the step: calls not complete are
@@ -31,8 +31,9 @@ a small model of the engine's and the network's rules around them (``vrt/_check_
   the epoch gate answers a stale ``tool.call`` INTERRUPTED at once (it never runs) and
   queues a current one; the runner begins queued app calls one at a time in arrival order;
   a tool returns at any moment and is answered unless it was aborted (``tool.abort`` or the
-  user); ``turn.ended`` raises the epoch to the server's; ``closed`` closes the Connection
-  and aborts the queued app calls.
+  user); ``turn.ended`` raises the epoch to the server's, and one for a turn the app
+  already saw end is dropped; ``closed`` closes the Connection and aborts the queued app
+  calls.
 - *The network*: two FIFO channels. The socket dies: the client notices (Connection
   ``lost``), the server later (Session ``drop``); what was in flight is lost. A resume
   (``resume``/``resumed``) replays, both ways, every message above the peer's last
@@ -40,32 +41,84 @@ a small model of the engine's and the network's rules around them (``vrt/_check_
   already processed is the same as none, so the model replays from there. Or the detached
   session expires, and the client's resume fails (Connection ``close``). The server may
   close the session at any moment (``closed``).
+- *Saves* (``handover-v1``, a store): the server saves the session at turn boundaries only:
+  when the turn starts (the model's initial state: input recorded, ``turn.started`` sent
+  and seen, no call yet) and when it ends (a step of its own, after ``turn.ended`` is
+  sent, every call final). What is saved is everything: the engine's state (turn, epoch,
+  calls) and the protocol's (the replay buffer: what the client has not processed; what
+  the server has received). The server acks no client message beyond what it has saved,
+  so the client still holds every message above the saved received seq.
+- *A planned handover* (``handovers`` of them: a drain, or the session moving to the process
+  its client's resume reached) only at a boundary with no turn open, i.e. once the turn
+  has ended: the server saves the session exactly, Session ``hand_over``, and closes the
+  connection with 1012, no ``closed``; the client takes 1012 as a lost connection
+  (Connection ``lost``) and resumes at once; the process it reaches restores the saved
+  state (the new Session ``adopt``, then ``resume``): welcome resumed, both sides replay as
+  after any drop. The two processes' Session machines share one field: the old one's final
+  move, then the new one's first.
+- *A crash* (``crashes`` of them) at any moment: the server process dies with everything not
+  saved; the connection dies with it (what was in flight is lost; the client notices,
+  ``lost``). After the lease another process adopts the last save (Session ``adopt``) and
+  does nothing until the client's resume reaches it. The client's resume carries ``open``:
+  each call whose CallView is not final, and the turn it holds open. The adopting process
+  replays what its saved replay buffer holds above the client's ``lastSeq``; the client
+  replays every message above the saved received seq (the interrupts the dead process had
+  taken since its save, and what was in flight); the adopting process drops those that
+  concern the lost turn's calls (``tool.result``: at a boundary every call is final or
+  unknown). Right after its replay, before it takes anything the client replays (an
+  ``interrupt`` would end the turn before the calls), it sends ``cancelled`` for each call
+  the client reports open that its saved state does not have final, and, if the saved
+  state had the turn open, ``turn.ended`` interrupted with the epoch raised by one (the
+  history marks the turn interrupted). A reported call or turn that
+  the saved state has final gets nothing more: its terminal phase, or its ``turn.ended``,
+  was unacked when the state was saved, so it is in the saved replay buffer and the
+  replay brings it. The adopting process gives no call a result of its own; the calls
+  the dead one ran may have had effects, their results are gone. A ``cancelled`` moves an
+  open CallView as usual and aborts its app call, queued or running.
 
 **Abstracted away**: message contents, arguments and results (ok, REJECTED, INVALID, FAILED
 look alike on the wire: a result is "there"), ``tool.preview``, ``text.delta``,
 ``turn.started``, confirmation (the hook's await), model errors and engine bugs (the Turn's
-``error``), acks (they only trim the replay buffer; its overflow is not modelled), the
-handshake, and time (a timeout may fire whenever a call waits for its result). One turn, in
-epoch 0: a barge-in is its server interrupt; the turn it starts is not modelled. An app call
-whose arguments fail the schema looks on the wire like a declined one. ``arguments-delta``
-and ``progress`` are left out unless ``phases`` (then at most one of each per call): they
-are non-terminal phases that the client treats as it treats ``arguments-complete``, which
-is modelled. The answer of an app tool that returns after ``closed`` is not modelled (the engine
-aborts it). The engine's resume is the protocol's (PROTOCOL.md) as modelled here;
-tests/test_resume.py checks the real one by cutting a session at every message.
+``error``), acks (they only trim the replay buffer; its overflow is not modelled; for a
+crash, what matters of them is the rule above: none beyond the last save), seq numbers
+(the adopting process numbers above both the saved sent seq and the client's ``lastSeq``,
+so the client takes what it sends; a resume replays from ``lastSeq``), the handshake and
+the store's own failures (a save that fails, a record that expires), the lease, and time
+(a timeout may fire whenever a call waits for its result). One turn, in epoch 0: a
+barge-in is its server interrupt; the turn it starts is not modelled, so neither is a
+crash between an input and the save of its turn's start (the input is lost), nor a turn
+the client holds open that the saved state does not know. A handover before the turn
+starts is one after the previous turn ended, which the model has at its turn's end. An
+app call whose arguments fail the schema looks on the wire like a declined one.
+``arguments-delta`` and ``progress`` are left out unless ``phases`` (then at most one of
+each per call): they are non-terminal phases that the client treats as it treats
+``arguments-complete``, which is modelled. The answer of an app tool that returns after
+``closed`` is not modelled (the engine aborts it). The engine's resume is the protocol's
+(PROTOCOL.md) as modelled here; tests/test_resume.py checks the real one by cutting a
+session at every message.
 
 **Invariants** (:data:`INVARIANTS`): each call's app-facing stream starts with ``start`` and
-has exactly one terminal unless the session closed; each call gets exactly one result on the
-server; no app tool runs under a stale epoch; at most one app tool runs at a time, in
-arrival (call) order; after an interrupt no call of that turn starts (the server sends no
-``tool.call`` for it; the client begins no app call it showed cancelled); a turn ends only
-when all its calls are final; no machine refuses a move the engine makes unconditionally;
-and at rest (nothing can happen but the session closing or the connection dropping) the
-turn has ended.
+has exactly one terminal unless the session closed, across handovers and crashes; each call
+gets at most one result on the server side, exactly one on the server that keeps the
+session for the calls it knows, and none from a process that adopted the session after a
+crash for a call lost with the dead one; no app tool runs under a stale epoch; at most one
+app tool runs at a time, in arrival (call) order; after an interrupt no call of that turn
+starts (the server sends no ``tool.call`` for it; the client begins no app call it showed
+cancelled, nor one of a turn whose end the app saw, a crash's interrupted end included); a
+turn ends only when all its calls are final; exactly one ``turn.ended`` reaches the app;
+at rest the server's epoch is not below the client's (else the client would refuse every
+call of the next turn as stale); no machine refuses a move the engine makes
+unconditionally; and at rest (nothing can happen but the session closing, the connection
+dropping, a handover or a crash) the turn has ended.
 
 **Broken rules** (:data:`BREAKABLE`) break one rule of the model on purpose, to see the
 checker find it. Three of them are engine defects this checker found (and the engine has
-since fixed): ``late-dispatch``, ``overtake`` and ``run-after-cancel``.
+since fixed): ``late-dispatch``, ``overtake`` and ``run-after-cancel``. Five break the
+handover and crash rules: a handover mid-turn, an adopting process that sends no
+``cancelled`` or gives a lost call a result, a client that does not deduplicate
+``turn.ended``, and a server that acks what it has not saved (``ack-unsaved``: an
+interrupt taken after the turn's end is lost with the dead process, the client stays in
+an epoch above the server's).
 
 **Reduction.** Exploring every interleaving as is does not fit in a minute for three calls,
 so the search expands each state with an *ample set* instead of every enabled action, a
@@ -74,16 +127,26 @@ partial-order reduction that keeps every reachable violation and every state at 
 - the client's actions touch only its own fields, the head of the server-to-client channel
   and the tail of the other, so they commute with every server action: while a message
   waits for the client, only the client's actions are explored (the server's follow,
-  reordered); symmetrically the server's while a message waits for it and the socket can
-  no longer die unnoticed by the server. Each side has its own interrupt budget for this, so
-  ``interrupts=n`` runs one search per split between the user and the server;
+  reordered), and the crash, which they do not commute with (it kills the connection);
+  any server action but the save is the same before a crash as not at all, and a save
+  with the client behind is the save with the client caught up, since the replay brings
+  it what it has not processed. Symmetrically the server's actions alone while a message
+  waits for it and the socket can no longer die unnoticed by the server. Each side has its
+  own interrupt budget for this, so ``interrupts=n`` runs one search per split between the
+  user and the server;
 - while the connection is down only the drop's own moves are explored (the server noticing,
-  resume, expire, close, the client giving up): anything else done meanwhile commutes with
-  the drop, so it is the same as doing it just before; and a resumed state is the state
-  before the drop with the drop spent, which the state before the drop stands for (so one
-  drop covers any number that resume);
-- fields no action reads again are reset (a closed session's server side, a dead channel),
-  and once both sides are closed every state is one.
+  resume, expire, close, the client giving up): anything else done meanwhile, a handover or
+  a crash included, commutes with the drop, so it is the same as doing it just before; and
+  a resumed state is the state before the drop with the drop spent, which the state before
+  the drop stands for (so one drop covers any number that resume);
+- once the turn's end is saved, the saved state is the live one (LIVE): only the epoch may
+  still rise, by interrupts the client would replay to an adopting process. So a crash
+  then is a drop (it spends no ``crashes``: like a drop, one stands for any number), and
+  a handover, always made then, is one too: once resumed, the state before the handover
+  stands for it (so one handover covers any number);
+- fields no action reads again are reset (a closed session's server side, a dead channel,
+  the saved state once no crash can come), and once both sides are closed every state is
+  one.
 
 The tests check the reduction at small bounds: reduced and full explorations find the same
 violations and the same states at rest. Breadth first, a violation's path is a shortest one
@@ -144,12 +207,21 @@ class Report:
     calls: int
     interrupts: int
     drops: int
+    handovers: int
+    crashes: int
     phases: bool
     broken: str | None
     states: int
     """Distinct states reached (summed over the interrupt splits)."""
     transitions: int
     """Transitions taken, including those to states already seen."""
+    after_handover: int
+    """Of the states, those during a planned handover: from the handover to the resume,
+    after which the state before the handover stands for it (see the reduction; with
+    ``handover-mid-turn``, every state after it)."""
+    after_crash: int
+    """Of the states, those after a crash that lost work (before the turn's end was saved),
+    while the session is not closed."""
     seconds: float
     complete: bool
     """Whether every reachable state was explored (False: stopped at the first violation)."""
@@ -167,6 +239,8 @@ def explore(
     interrupts: int = 1,
     drops: int = 1,
     *,
+    handovers: int = 1,
+    crashes: int = 1,
     phases: bool = False,
     broken: str | None = None,
     reduce: bool = True,
@@ -175,19 +249,30 @@ def explore(
     """Explore the composed model breadth first over every interleaving within the bounds.
 
     ``calls`` tool calls (each an app or a server tool), ``interrupts`` in all (user or
-    server), ``drops`` connection drops. ``phases`` adds one ``arguments-delta`` and one
-    ``progress`` per call. ``broken`` breaks one rule of :data:`BREAKABLE` on purpose.
-    ``reduce=False`` explores without the reduction (slow:
-    for tests that compare both). ``stop_at_first`` stops at the first violation.
+    server), ``drops`` connection drops, ``handovers`` planned handovers (at a turn
+    boundary), ``crashes`` server process crashes. ``phases`` adds one ``arguments-delta``
+    and one ``progress`` per call. ``broken`` breaks one rule of :data:`BREAKABLE` on
+    purpose. ``reduce=False`` explores without the reduction (slow: for tests that compare
+    both). ``stop_at_first`` stops at the first violation.
     """
     started = time.perf_counter()
-    states = transitions = 0
+    states = transitions = handed = crashed = 0
     found: dict[str, Violation] = {}
     complete = True
     for user in range(interrupts, -1, -1):  # one search per user/server split
-        model = Model(calls, user, interrupts - user, drops, phases=phases, broken=broken)
+        model = Model(
+            calls,
+            user,
+            interrupts - user,
+            drops,
+            handovers=handovers,
+            crashes=crashes,
+            phases=phases,
+            broken=broken,
+        )
         outcome = search(model, reduce=reduce, stop_at_first=stop_at_first)
         states, transitions = states + outcome.states, transitions + outcome.transitions
+        handed, crashed = handed + outcome.after_handover, crashed + outcome.after_crash
         for hit in outcome.found:
             trace, detail = shorten(model, hit, reduce)
             known = found.get(hit.invariant)
@@ -202,10 +287,14 @@ def explore(
         calls=calls,
         interrupts=interrupts,
         drops=drops,
+        handovers=handovers,
+        crashes=crashes,
         phases=phases,
         broken=broken,
         states=states,
         transitions=transitions,
+        after_handover=handed,
+        after_crash=crashed,
         seconds=time.perf_counter() - started,
         complete=complete,
         violations=tuple(sorted(found.values(), key=lambda v: len(v.trace))),
@@ -214,14 +303,18 @@ def explore(
 
 def format_report(report: Report) -> str:
     """The figures and the violations, as ``vrt check`` prints them."""
-    bounds = f"calls={report.calls} interrupts={report.interrupts} drops={report.drops}"
+    bounds = (
+        f"calls={report.calls} interrupts={report.interrupts} drops={report.drops} "
+        f"handovers={report.handovers} crashes={report.crashes}"
+    )
     if report.phases:
         bounds += " phases"
     if report.broken:
         bounds += f"; broken on purpose: {report.broken}"
     lines = [
         f"model: {bounds}",
-        f"  states {report.states}",
+        f"  states {report.states} ({report.after_handover} during a handover, "
+        f"{report.after_crash} after a crash)",
         f"  transitions {report.transitions}",
         f"  seconds {report.seconds:.1f}",
         f"  violations {len(report.violations)}" + ("" if report.complete else " (stopped)"),
@@ -241,6 +334,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--drops", type=int, default=1, help="connection drops (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--handovers",
+        type=int,
+        default=1,
+        help="planned handovers to another process, at a turn boundary (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--crashes",
+        type=int,
+        default=1,
+        help="server process crashes, the session adopted from its last save "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--phases",
@@ -272,6 +378,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         args.calls,
         args.interrupts,
         args.drops,
+        handovers=args.handovers,
+        crashes=args.crashes,
         phases=args.phases,
         broken=args.broken,
     )

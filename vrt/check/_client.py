@@ -1,6 +1,6 @@
 """``vrt check``: the client's side of the composed model (vrt/_wire/client.py,
 vrt/_net/client.py): the call views, the epoch gate, the serial app-tool queue, the user's
-interrupt, and the connection as the client sees it."""
+interrupt, the turn's end (deduplicated), and the connection as the client sees it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from vrt.check._state import (
     F_QUEUE,
     F_RUNNING,
     F_S2C,
+    F_SAVED_S2C,
     F_SESSION,
+    F_TURN_SEEN,
     F_USER_INTERRUPTS,
     SHOWN_OPEN,
     TERMINAL,
@@ -47,6 +49,8 @@ class ClientRules(Rules):
         message = s[F_S2C][0]
         w = list(s)
         w[F_S2C] = s[F_S2C][1:]
+        if s[F_SAVED_S2C]:  # processed: a replay from the saved buffer starts after it
+            w[F_SAVED_S2C] = s[F_SAVED_S2C] - 1
         kind = message[0]
         if kind == "stream":
             self._stream(w, message[1], message[2])
@@ -55,10 +59,15 @@ class ClientRules(Rules):
         elif kind == "abort":
             self._tool_abort(w, message[1])
         elif kind == "ended":
+            if w[F_TURN_SEEN]:  # a crash's settling of a turn the app already saw end
+                if self.broken != "no-dedupe":
+                    return tuple(w)  # dropped: the app sees one turn.ended per turn
+                raise Broken("turn-ended", "the app sees a second turn.ended for the turn")
             for i, record in enumerate(w[F_CLIENT]):
                 if record[V_SHOWN] == SHOWN_OPEN:
                     raise Broken("stream", f"the turn ended while the app shows {name(i)} open")
             w[F_CEPOCH] = max(w[F_CEPOCH], message[1])
+            w[F_TURN_SEEN] = 1
         elif kind == "closed":
             w[F_CONN] = must(CONNECTION, w[F_CONN], "close", "the server sent closed")
             self._closed(w)
@@ -159,6 +168,8 @@ class ClientRules(Rules):
             raise Broken("serial", f"{name(i)} begins after {name(s[F_LAST_BEGUN])}")
         if view == "cancelled":
             raise Broken("interrupt", f"{name(i)} begins after the app was shown it cancelled")
+        if s[F_TURN_SEEN]:
+            raise Broken("interrupt", f"{name(i)} begins after the app saw its turn end")
         w = list(s)
         w[F_QUEUE] = s[F_QUEUE][1:]
         app = must(APP_CALL, app, "begin", "the runner took it from the queue")

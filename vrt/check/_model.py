@@ -20,27 +20,38 @@ from vrt.check._state import (
     BREAKABLE,
     C_RESULTS,
     CLIENT,
+    CRASHED,
     ENV,
+    F_ADOPTED,
     F_C2S,
     F_CALLS,
     F_CEPOCH,
     F_CLIENT,
     F_CONN,
+    F_CRASHES,
     F_DEAD,
     F_DROPS,
     F_FIRST,
+    F_HANDOVERS,
     F_LAST_BEGUN,
     F_QUEUE,
     F_RUNNING,
     F_S2C,
+    F_SAVED,
+    F_SAVED_S2C,
     F_SEPOCH,
     F_SERVER_INTERRUPTS,
     F_SESSION,
+    F_SINCE,
     F_TURN,
+    F_TURN_SEEN,
     F_USER_INTERRUPTS,
+    LIVE,
+    RUNNING,
     SERVER,
     SHOWN_NOTHING,
     SHOWN_OPEN,
+    START_SAVED,
     TURN_EPOCH,
     V_SHOWN,
     WINDOW,
@@ -63,14 +74,17 @@ class Model(ServerRules, ClientRules):
         server_interrupts: int = 0,
         drops: int = 1,
         *,
+        handovers: int = 1,
+        crashes: int = 1,
         phases: bool = False,
         broken: str | None = None,
     ) -> None:
-        if min(calls, user_interrupts, server_interrupts, drops) < 0:
+        if min(calls, user_interrupts, server_interrupts, drops, handovers, crashes) < 0:
             raise ValueError("bounds must not be negative")
         if broken is not None and broken not in BREAKABLE:
             raise ValueError(f"unknown rule {broken!r}; breakable: {', '.join(BREAKABLE)}")
         self.calls, self.drops, self.phases = calls, drops, phases
+        self.handovers, self.crashes = handovers, crashes
         self.user_interrupts, self.server_interrupts = user_interrupts, server_interrupts
         self.broken = broken
         self.late_dispatch = broken == "late-dispatch"
@@ -79,13 +93,15 @@ class Model(ServerRules, ClientRules):
         self.actions = self._actions()
 
     def initial(self) -> State:
-        """The turn has just started in epoch 0; session and connection are open."""
+        """The turn has just started in epoch 0 (its start saved, ``turn.started`` seen by
+        the client); session and connection are open."""
         session = must(SESSION, SESSION.initial, "accept", "hello")
         connection = must(CONNECTION, CONNECTION.initial, "welcome", "welcome")
         blank = (None, False, None, SHOWN_NOTHING)
         return (
             TURN.initial, 0, TURN_EPOCH, session, (), (), (), False,
             connection, TURN_EPOCH, (blank,) * self.calls, (), (), -1, 0, 0, 0,
+            START_SAVED if self.crashes else LIVE, 0, (), RUNNING, 0, 0, 0,
         )  # fmt: skip
 
     def _actions(self) -> list[Action]:
@@ -126,10 +142,33 @@ class Model(ServerRules, ClientRules):
             Action(CLIENT, "client: the user interrupts", self.user_interrupt),
             Action(CLIENT, lambda s: f"client: begins {name(s[F_QUEUE][0])}", self.begin),
             Action(CLIENT, "network: the connection drops (client: lost)", self.lost, env=ENV),
-            Action(SERVER, "server: the client resumes the session (replay)", self.resume, WINDOW),
+            Action(SERVER, self._resume_label, self.resume, WINDOW),
             Action(CLIENT, "client: resuming fails, the session is gone", self.give_up, WINDOW),
+            Action(SERVER, "server: saves the session (the turn has ended)", self.save),
+            Action(
+                SERVER,
+                "server: hands the session over (saved, closed 1012, client: lost); "
+                "another process adopts it",
+                self.hand_over,
+                env=ENV,
+            ),
+            Action(
+                SERVER,
+                "server: the process dies (client: lost); another adopts the last save",
+                self.crash,
+                env=ENV,
+                ample=True,
+            ),
         ]
         return out
+
+    def _resume_label(self, s: State) -> str:
+        if s[F_ADOPTED] != CRASHED:
+            return "server: the client resumes the session (replay)"
+        cancel, end_turn = self.lost_work(s)
+        if cancel or end_turn:
+            return "server: the client resumes the session (replay), the lost turn is settled"
+        return "server: the client resumes the session at the adopting process (replay)"
 
     def down(self, s: State) -> bool:
         """Whether the connection is down: then only the drop's own moves are explored.
@@ -142,10 +181,19 @@ class Model(ServerRules, ClientRules):
 
     def subsume(self, s: State) -> State:
         """A resumed state is the state before the drop with the drop spent; that state
-        (drop unspent) can do all it can and more, so it stands for it."""
-        if s[F_DROPS] and s[F_CONN] == "open" and s[F_SESSION] == "open":
-            return (*s[:F_DROPS], 0, *s[F_DROPS + 1 :])
-        return s
+        (drop unspent) can do all it can and more, so it stands for it. The same holds
+        for a handover once the saved state is the live one (LIVE, the only case without
+        a broken rule): the process that resumed the session is where the old one was."""
+        if s[F_CONN] != "open" or s[F_SESSION] != "open" or s[F_ADOPTED] != RUNNING:
+            return s
+        handed = s[F_HANDOVERS] and s[F_SAVED] == LIVE
+        if not s[F_DROPS] and not handed:
+            return s
+        w = list(s)
+        w[F_DROPS] = 0
+        if handed:
+            w[F_HANDOVERS] = 0
+        return tuple(w)
 
     def client_first(self, s: State) -> bool:
         """Whether the client's enabled actions alone are an ample set at ``s``.
@@ -154,7 +202,10 @@ class Model(ServerRules, ClientRules):
         client's fields, the head of the server-to-client channel and the tail of the other
         one, so they commute with every server action. When the client can receive (its
         connection is open and a message waits), no server action can enable or disable a
-        client action, and the client's enabled actions may be explored alone.
+        client action, and the client's enabled actions may be explored alone, with the
+        crash (``Action.ample``), which disables them: every other server action is, before
+        a crash, the same as not taken, but for the save, and a save made with the client
+        behind is one made with it caught up (the replay brings it the rest).
         """
         return bool(s[F_S2C]) and s[F_CONN] == "open"
 
@@ -173,16 +224,25 @@ class Model(ServerRules, ClientRules):
         left to check and every such state is one (the answer of a tool that returns after
         ``closed`` is not modelled)."""
         if s[F_SESSION] != "closed":
-            return s
+            if s[F_CRASHES] < self.crashes or s[F_SAVED] == LIVE:
+                return s
+            w = list(s)  # no crash can come: what was saved is never read again
+            w[F_SAVED], w[F_SAVED_S2C], w[F_SINCE] = LIVE, 0, ()
+            return tuple(w)
         w = list(s)
+        w[F_SAVED], w[F_SAVED_S2C], w[F_SINCE], w[F_ADOPTED] = LIVE, 0, (), RUNNING
+        w[F_HANDOVERS], w[F_CRASHES] = 0, 0
         w[F_TURN], w[F_FIRST], w[F_SEPOCH], w[F_CALLS] = "", 0, 0, ()
         w[F_C2S], w[F_DEAD], w[F_SERVER_INTERRUPTS] = (), False, 0
         if s[F_CONN] != "open":
             w[F_S2C] = ()
+        if not s[F_QUEUE] and all(message[0] != "ended" for message in w[F_S2C]):
+            w[F_TURN_SEEN] = 0  # no turn.ended can come, no app call begin: never read
         if s[F_CONN] == "closed":
             blank = (None, False, None, SHOWN_NOTHING)
             w[F_CEPOCH], w[F_CLIENT], w[F_QUEUE], w[F_RUNNING] = 0, (blank,) * self.calls, (), ()
             w[F_LAST_BEGUN], w[F_USER_INTERRUPTS], w[F_DROPS] = -1, 0, 0
+            w[F_TURN_SEEN] = 0
         return tuple(w)
 
     # -- at rest ----------------------------------------------------------------------------------
@@ -205,3 +265,15 @@ class Model(ServerRules, ClientRules):
             raise Broken("stuck", f"at rest, but the turn is {s[F_TURN]}")
         if s[F_QUEUE] or s[F_RUNNING]:
             raise Broken("stuck", "at rest, but an app call is queued or running")
+        if s[F_TURN_SEEN] != 1:
+            raise Broken("turn-ended", "at rest, but the app never saw turn.ended")
+        if s[F_CEPOCH] > s[F_SEPOCH]:
+            raise Broken(
+                "epochs",
+                f"at rest, the client is in epoch {s[F_CEPOCH]}, the server in "
+                f"{s[F_SEPOCH]}: the client would refuse the next turn's calls as stale",
+            )
+
+    def marks(self, s: State) -> tuple[bool, bool]:
+        """Whether ``s`` comes after a handover, and after a crash (for the figures)."""
+        return bool(s[F_HANDOVERS]), bool(s[F_CRASHES])

@@ -37,6 +37,10 @@ class Outcome:
 
     states: int
     transitions: int
+    after_handover: int
+    """Of the states, those during a handover (see :attr:`vrt.check.Report.after_handover`)."""
+    after_crash: int
+    """Of the states, those after a crash that lost work (the session not closed)."""
     complete: bool
     found: tuple[Found, ...]
 
@@ -69,7 +73,7 @@ def search(
     parent: dict[State, tuple[State, Action] | None] = {initial: None}
     frontier = deque([initial])
     everyone = model.actions
-    client = [a for a in everyone if a.side == CLIENT]
+    client = [a for a in everyone if a.side == CLIENT or a.ample]
     server = [a for a in everyone if a.side == SERVER]
     window = [a for a in everyone if a.window]
     transitions = 0
@@ -129,9 +133,15 @@ def search(
                 model.check_at_rest(state)
             except Broken as exc:
                 note(exc, path_to(state), rest=True)
+    handed = crashed = 0
+    for state in parent:
+        handover, crash = model.marks(state)
+        handed, crashed = handed + handover, crashed + crash
     return Outcome(
         states=len(parent),
         transitions=transitions,
+        after_handover=handed,
+        after_crash=crashed,
         complete=not frontier,
         found=tuple(found.values()),
     )

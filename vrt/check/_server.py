@@ -1,36 +1,49 @@
 """``vrt check``: the server's side of the composed model (vrt/_engine/turn.py, vrt/_engine/call.py,
-vrt/_net/serve.py): the model's stream, each call's task, interrupts, the session's life."""
+vrt/_net/serve.py): the model's stream, each call's task, interrupts, the session's life, and
+``handover-v1``: the saves at turn boundaries, the planned handover, the crash and the
+settling of the lost turn by the process that adopts the session."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vrt._core.events import Phase
-from vrt._core.tables import CONNECTION, SESSION, TOOL_CALL, TURN
+from vrt._core.tables import CALL_VIEW, CONNECTION, SESSION, TOOL_CALL, TURN
 from vrt.check._state import (
     C_KIND,
     C_RESULTS,
     C_STREAMED,
     C_TASK,
     C_TC,
+    CRASHED,
     DELTA_SENT,
     EXEC,
+    F_ADOPTED,
     F_C2S,
     F_CALLS,
+    F_CLIENT,
     F_CONN,
+    F_CRASHES,
     F_DEAD,
     F_FIRST,
+    F_HANDOVERS,
     F_S2C,
+    F_SAVED,
+    F_SAVED_S2C,
     F_SEPOCH,
     F_SERVER_INTERRUPTS,
     F_SESSION,
+    F_SINCE,
     F_TURN,
     HOOK,
     LATE,
+    LIVE,
     LIVE_TURN,
     NONE,
+    ORPHANED,
     PENDING,
     PROGRESS_SENT,
+    RUNNING,
     UNWIND,
     WAIT,
     Broken,
@@ -50,8 +63,10 @@ class ServerRules(Rules):
     """The server's actions: each ``(state) -> state | None``, bound to a call by index."""
 
     def _alive(self, s: State) -> bool:
-        """Whether the server still acts: its session is not closed (then it is frozen)."""
-        return bool(s[F_SESSION] != "closed")
+        """Whether the server's turn still acts: its session is not closed (then it is
+        frozen), and its process is not one that adopted it after a crash and waits for the
+        client (it restores no task: it settles the lost turn at the resume)."""
+        return bool(s[F_SESSION] != "closed" and s[F_ADOPTED] == RUNNING)
 
     def start_call(self, i: int, kind: str, s: State) -> State | None:
         """The model begins call ``i`` (CallStart): ToolCall created, phase ``start``."""
@@ -309,8 +324,12 @@ class ServerRules(Rules):
             epoch = max(message[1], s[F_SEPOCH] + 1)
             self._interrupt_turn(w, epoch)
             w[F_SEPOCH] = epoch
+            if s[F_CRASHES] < self.crashes and s[F_SAVED] != LIVE:
+                w[F_SINCE] = (*s[F_SINCE], message)  # not saved: the client still holds it
             return tuple(w)
         i = message[1]  # tool.result: only an open app call with its epoch takes it
+        if i >= len(s[F_CALLS]):
+            return tuple(w)  # a call lost in a crash: this process never knew it, dropped
         task = s[F_CALLS][i][C_TASK]
         if task == PENDING:
             calls, s2c = list(s[F_CALLS]), list(s[F_S2C])
@@ -332,11 +351,147 @@ class ServerRules(Rules):
 
     def resume(self, s: State) -> State | None:
         """A new connection resumes the session (``resume``/``resumed``): each side replays
-        every message the other has not processed (seq above its lastSeq), in order."""
+        every message the other has not processed (seq above its lastSeq), in order. At a
+        process that adopted the session after a crash, the lost turn is then settled."""
         if s[F_SESSION] != "detached" or s[F_CONN] != "reconnecting":
             return None
         w = list(s)
         w[F_DEAD] = False
         w[F_SESSION] = must(SESSION, s[F_SESSION], "resume", "a valid resume")
         w[F_CONN] = must(CONNECTION, s[F_CONN], "resumed", "welcome (resumed)")
+        if s[F_ADOPTED] == CRASHED:
+            self._settle_lost_turn(w)
+            w[F_ADOPTED] = RUNNING
         return tuple(w)
+
+    # -- handover-v1: saves, handovers, crashes -------------------------------------------------
+
+    def _saved(self, w: list[Any]) -> None:
+        """Save the session, exactly as it is now (a turn boundary with no turn open): the
+        engine's state and the protocol's (what the client has not processed stays in the
+        replay buffer; the client's messages processed so far need no replay).
+
+        The saved state is then the live one (LIVE): afterwards the turn and its calls no
+        longer change and nothing more is sent before the session closes; only the epoch
+        may rise, by interrupts, which the client replays to an adopting process if this
+        one dies (their acks are held back until saved), so that process, having taken
+        them, is where this one was. Broken "ack-unsaved" keeps a copy instead: the
+        interrupts are lost."""
+        if self.broken == "ack-unsaved" or w[F_TURN] not in TURN.finals:
+            w[F_SAVED] = (w[F_TURN], w[F_FIRST], w[F_SEPOCH], w[F_CALLS])
+            w[F_SAVED_S2C] = len(w[F_S2C])
+        else:
+            w[F_SAVED], w[F_SAVED_S2C] = LIVE, 0
+        w[F_SINCE] = ()
+
+    def save(self, s: State) -> State | None:
+        """The turn has ended (``turn.ended`` sent, every call final): the server saves the
+        session to the store. Only the saved state outlives a crash (so the save is tracked
+        only while a crash may still come)."""
+        if s[F_CRASHES] >= self.crashes or not self._alive(s) or s[F_TURN] not in TURN.finals:
+            return None
+        if s[F_SAVED] == LIVE or s[F_SAVED][0] in TURN.finals:
+            return None  # saved already
+        w = list(s)
+        self._saved(w)
+        return tuple(w)
+
+    def hand_over(self, s: State) -> State | None:
+        """A planned handover (a drain, or the session moving to the process its client's
+        resume reached), only at a turn boundary with no turn open: the server saves the
+        session exactly, lets it go (Session ``hand_over``) and closes the connection with
+        1012, no ``closed``; the client takes 1012 as a lost connection and resumes at once;
+        the process its resume reaches restores the saved state (Session ``adopt``) and
+        resumes it as any other. (The two processes' Session machines are one field: the
+        old one's final move, then the new one's first.)"""
+        if s[F_HANDOVERS] >= self.handovers or s[F_ADOPTED] != RUNNING:
+            return None
+        if move(SESSION, s[F_SESSION], "hand_over") is None:
+            return None
+        mid_turn = s[F_TURN] not in TURN.finals
+        if mid_turn and self.broken != "handover-mid-turn":
+            return None
+        w = list(s)
+        w[F_SESSION] = must(SESSION, SESSION.initial, "adopt", "restored from the store")
+        self._saved(w)
+        if s[F_CONN] == "open":
+            w[F_CONN] = must(CONNECTION, s[F_CONN], "lost", "closed with 1012")
+        w[F_DEAD] = True
+        w[F_HANDOVERS] += 1
+        if mid_turn:  # the tasks did not move: nobody streams, runs or waits any more
+            w[F_CALLS] = tuple((*r[:C_TASK], NONE, r[C_RESULTS]) for r in s[F_CALLS])
+            w[F_ADOPTED] = ORPHANED
+        return tuple(w)
+
+    def crash(self, s: State) -> State | None:
+        """The server process dies: what it did since its last save is gone, and the
+        connection with it (what was in flight is lost; the client notices, ``lost``).
+        After the lease, another process restores the saved state (Session ``adopt``) and
+        waits for the client's resume, replaying then what the saved replay buffer holds
+        that the client has not processed; the client replays every message above the
+        saved received seq: the interrupts processed since the save (their acks held back
+        until saved) and what was in flight. Its tool.results concern calls that are final
+        or unknown at any boundary: the adopting process drops them.
+
+        Once the turn's end is saved (LIVE) the adopting process is where the dead one was,
+        and the crash is a drop: it does not count against ``crashes`` (like a drop, one
+        stands for any number)."""
+        if s[F_CRASHES] >= self.crashes or s[F_SESSION] not in ("open", "detached"):
+            return None
+        w = list(s)
+        w[F_SESSION] = must(SESSION, SESSION.initial, "adopt", "restored after a crash")
+        if s[F_CONN] == "open":
+            w[F_CONN] = must(CONNECTION, s[F_CONN], "lost", "the server process died")
+        w[F_DEAD] = True
+        if s[F_SAVED] == LIVE:
+            return tuple(w)
+        w[F_TURN], w[F_FIRST], w[F_SEPOCH], w[F_CALLS] = s[F_SAVED]
+        w[F_S2C] = s[F_S2C][: s[F_SAVED_S2C]]
+        since = () if self.broken == "ack-unsaved" else s[F_SINCE]
+        w[F_C2S], w[F_SINCE] = (*since, *s[F_C2S]), ()
+        w[F_ADOPTED] = CRASHED
+        w[F_CRASHES] += 1
+        return tuple(w)
+
+    def _settle_lost_turn(self, w: list[Any]) -> None:
+        """At the resume of a session adopted after a crash, after the replay: ``cancelled``
+        for each call the client reports open (``hello.open``: its CallView is not final)
+        that the saved state does not have final, then, if the saved state had the turn
+        open, ``turn.ended`` interrupted with the epoch raised by one (the history marks the
+        turn interrupted). A reported call or turn the saved state has final gets nothing
+        more: its terminal phase, or its ``turn.ended``, is in the saved replay buffer (the
+        client has not processed it, so it had not acked it when the state was saved), and
+        the replay brings it. The process gives the calls no result of its own: a lost
+        call's result died with the old process."""
+        cancel, end_turn = self.lost_work(w)
+        s2c = list(w[F_S2C])
+        for i in cancel:
+            if self.broken == "crash-result":
+                raise Broken(
+                    "one-result",
+                    f"{name(i)}, lost with the dead process, gets a result from the one "
+                    "that adopted the session",
+                )
+            if self.broken != "crash-no-cancel":
+                s2c.append(("stream", i, Phase.CANCELLED.value))
+        if end_turn:
+            interrupting = must(TURN, w[F_TURN], "interrupt", "the lost turn is settled")
+            w[F_TURN] = turn_ends(interrupting, "unwound", w[F_CALLS])
+            w[F_SEPOCH] += 1
+            s2c.append(("ended", w[F_SEPOCH], "interrupted"))
+        w[F_S2C] = tuple(s2c)
+
+    @staticmethod
+    def lost_work(s: State | list[Any]) -> tuple[list[int], bool]:
+        """What an adopting process settles at the client's resume: the calls the client
+        reports open that the saved state does not have final, and whether the saved state
+        had the turn open."""
+        calls = s[F_CALLS]
+        cancel = [
+            i
+            for i, (view, *_) in enumerate(s[F_CLIENT])
+            if view is not None
+            and view not in CALL_VIEW.finals
+            and (i >= len(calls) or calls[i][C_TC] not in TOOL_CALL.finals)
+        ]
+        return cancel, s[F_TURN] not in TURN.finals

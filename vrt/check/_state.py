@@ -23,21 +23,29 @@ State = tuple[Any, ...]
 
 INVARIANTS: Final = {
     "stream": "each call's app-facing stream starts with start and has exactly one terminal "
-    "(by its turn's end) unless the session closed",
-    "one-result": "each call gets exactly one result on the server",
+    "(by its turn's end) unless the session closed, across handovers and crashes",
+    "one-result": "each call gets at most one result on the server side: exactly one on the "
+    "server that keeps the session, for the calls it knows; none from a process that adopted "
+    "the session after a crash, for a call lost with the dead one",
     "epoch": "no app tool runs under a stale epoch",
     "serial": "at most one app tool runs at a time, in arrival order",
-    "interrupt": "after an interrupt no call of that turn starts",
+    "interrupt": "after an interrupt no call of that turn starts, nor after the app saw the "
+    "turn end (a crash's interrupted end included)",
     "turn-end": "a turn ends only when all its calls are final",
+    "turn-ended": "exactly one turn.ended reaches the app for the turn (by the time it is at "
+    "rest) unless the session closed",
+    "epochs": "at rest the server's epoch is not below the client's (else the client would "
+    "refuse every call of the next turn as stale)",
     "engine": "a machine never refuses a move the engine makes unconditionally",
-    "stuck": "at rest (nothing can happen but the session closing or the connection "
-    "dropping), the turn has ended and no app call is queued or running",
+    "stuck": "at rest (nothing can happen but the session closing, the connection dropping, "
+    "a handover or a crash), the turn has ended and no app call is queued or running",
 }
 
 #: Rules the model can break on purpose (``explore(broken=...)``), to show the checker finds it.
-#: The last three are engine defects this checker found and the engine has since fixed
-#: (each with a regression test in tests/test_races.py or tests/test_wire_races.py): the
-#: model can still make them, to show it would find them again.
+#: ``late-dispatch``, ``overtake`` and ``run-after-cancel`` are engine defects this checker
+#: found and the engine has since fixed (each with a regression test in tests/test_races.py
+#: or tests/test_wire_races.py): the model can still make them, to show it would find them
+#: again. The last five break the handover and crash rules (``handover-v1``).
 BREAKABLE: Final = {
     "epoch-gate": "the client admits a stale tool.call instead of answering it INTERRUPTED",
     "serial-queue": "the client begins a queued app call while another one runs",
@@ -52,6 +60,16 @@ BREAKABLE: Final = {
     "run-after-cancel": "the client keeps a queued app call whose terminal phase it already "
     "showed and runs it if the running call ends before tool.abort arrives (the fix: a "
     "terminal phase drops the queued call as tool.abort would)",
+    "handover-mid-turn": "the server hands the session over while its turn is open: the new "
+    "process restores the state exactly, but the turn's tasks (the model's stream, the "
+    "running tools) died with the old one, so nothing ends the turn or its calls",
+    "crash-no-cancel": "after a crash, the adopting server sends no cancelled for the calls "
+    "the client reports open",
+    "crash-result": "after a crash, the adopting server records a result (INTERRUPTED) of its "
+    "own for each call the client reports open that it does not know",
+    "no-dedupe": "the client hands the app a turn.ended for a turn it already saw end",
+    "ack-unsaved": "the server acks what it has processed but not yet saved, so after its "
+    "crash the client no longer holds those messages to replay to the adopting server",
 }
 
 
@@ -87,6 +105,15 @@ F_LAST_BEGUN = 13  # the last app call the client began (-1: none)
 F_USER_INTERRUPTS = 14
 F_SERVER_INTERRUPTS = 15
 F_DROPS = 16
+# handover-v1: the store, and what a crash or a handover changes
+F_SAVED = 17  # the server's state as last saved, at a turn boundary: START_SAVED, LIVE, or
+# (turn, first, epoch, calls) when a broken rule needs the copy
+F_SAVED_S2C = 18  # how many of F_S2C's first messages the saved replay buffer holds
+F_SINCE = 19  # the interrupts the server processed since its last save (the client keeps them)
+F_ADOPTED = 20  # RUNNING, CRASHED (adopted after a crash, settles at resume) or ORPHANED
+F_TURN_SEEN = 21  # client: how many turn.ended the app saw
+F_HANDOVERS = 22  # bounds spent
+F_CRASHES = 23
 
 # a server call record
 C_KIND, C_TC, C_STREAMED, C_TASK, C_RESULTS = range(5)
@@ -100,6 +127,12 @@ WAIT = "wait"  # an app call waits for the app call before it to end
 PENDING = "pending"  # tool.call sent, waiting for tool.result (or the timeout)
 LATE = "late"  # cancelled by an interrupt but already woken: sends tool.call (late-dispatch)
 UNWIND = "unwind"  # cancelled with tool.call unanswered: its finally sends tool.abort
+
+# what the server process is (F_ADOPTED)
+RUNNING = 0  # the process that runs the session (the first, or one that resumed it)
+CRASHED = 1  # adopted from the store after a crash: inert until the client's resume settles
+ORPHANED = 2  # adopted from a handover made mid-turn (broken "handover-mid-turn"): the turn's
+# tasks died with the old process
 
 # a client call record
 V_VIEW, V_IGNORED, V_APP, V_SHOWN = range(4)
@@ -116,6 +149,13 @@ VIEW_EVENT: Final = {
     Phase.CANCELLED.value: "cancel",
     Phase.FAILED.value: "fail",
 }
+
+START_SAVED: Final = (TURN.initial, 0, TURN_EPOCH, ())
+"""F_SAVED when the modelled turn started (input recorded, ``turn.started`` sent, no call
+yet): the first boundary."""
+LIVE: Final = "live"
+"""F_SAVED once the turn's end is saved (or no crash can come any more): the saved state is
+the live one, up to what the client replays (see ``ServerRules._saved``)."""
 
 Message = tuple[Any, ...]
 """``("stream", i, phase)``, ``("call", i)``, ``("abort", i)``, ``("ended", epoch, reason)``,
@@ -165,9 +205,11 @@ ENV = True  # the environment's: always possible, it is no progress (see Model.c
 
 class Action:
     """One named action of one side: ``run(state)`` is the next state, or None when not
-    enabled."""
+    enabled. ``window``: it may happen while the connection is down; ``env``: it is the
+    environment's, no progress; ``ample``: it belongs to the client's ample set too (it
+    interferes with the client's actions, see :meth:`Model.client_first`)."""
 
-    __slots__ = ("env", "label", "run", "side", "window")
+    __slots__ = ("ample", "env", "label", "run", "side", "window")
 
     def __init__(
         self,
@@ -176,12 +218,14 @@ class Action:
         run: Callable[[State], State | None],
         window: bool = False,
         env: bool = False,
+        ample: bool = False,
     ) -> None:
         self.side = side
         self.label = label
         self.run = run
         self.window = window
         self.env = env
+        self.ample = ample
 
     def describe(self, state: State) -> str:
         """What this action does from ``state``, as a trace step."""
@@ -196,6 +240,8 @@ class Rules:
     phases: bool
     user_interrupts: int
     server_interrupts: int
+    handovers: int
+    crashes: int
     broken: str | None
     late_dispatch: bool
     overtake: bool
