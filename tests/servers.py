@@ -99,6 +99,8 @@ defaults
     timeout server 60s
     timeout tunnel 1h
     option http-server-close
+    retries 3
+    option redispatch
 frontend vrt
     bind 127.0.0.1:{port}
     default_backend nodes
@@ -123,13 +125,13 @@ def haproxy(backends: list[int], *, config: str = HAPROXY_CONFIG) -> Iterator[in
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "haproxy.cfg"
         path.write_text(config.format(port=port, servers=servers))
-        process = subprocess.Popen(
-            [binary, "-f", str(path), "-db"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            _wait_for_port(port, process, "haproxy")
-            yield port
-        finally:
-            _stop(process)
+        log = Path(folder) / "haproxy.log"
+        with log.open("wb") as err:
+            process = subprocess.Popen(
+                [binary, "-f", str(path), "-db"], stdout=subprocess.DEVNULL, stderr=err
+            )
+            try:
+                _wait_for_port(port, process, f"haproxy ({log.read_text()[-500:]})")
+                yield port
+            finally:
+                _stop(process)

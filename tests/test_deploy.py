@@ -4,21 +4,26 @@ stopped by the test on loopback ports; each server's log must hold no ERROR."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 import trio
 
 import vrt
 from tests.conftest import Log, until
-from tests.servers import free_port, redis_server
+from tests.servers import free_port, haproxy, redis_server
 from vrt._net.store import RedisStore, open_store
+from vrt.testing import LoopbackProxy
 
 pytestmark = pytest.mark.network
 
@@ -165,3 +170,203 @@ def test_without_a_store_workers_are_refused() -> None:
         timeout=30,
     )
     assert result.returncode == 2 and "needs --store" in result.stderr
+
+
+# -- three nodes behind HAProxy --------------------------------------------------------------
+
+CLIENTS = 200
+NODE_FLAGS = (
+    "--resume-window", "60",
+    "--max-sessions-per-peer", "1000",  # every connection comes from HAProxy's address
+    "--max-pending-per-peer", "256",
+    "--drain-timeout", "10",
+)  # fmt: skip
+
+
+@vrt.app_tool(parameters={"type": "object", "properties": {"text": {"type": "string"}}})
+async def note(args: Any, ctx: vrt.ToolContext) -> dict[str, Any]:
+    await trio.sleep(0.2)
+    return {"noted": len(args.get("text", ""))}
+
+
+@attrs.define
+class Client:
+    """What one client saw: every event, its resume gaps, the inputs it sent."""
+
+    events: list[Any] = attrs.Factory(list)
+    gaps: list[float] = attrs.Factory(list)
+    inputs: int = 0
+    interrupted: int = 0
+    final: str = ""
+    error: str | None = None
+    done: bool = False
+
+
+async def a_client(port: int, seed: int, stop: trio.Event, seen: Client) -> None:
+    try:
+        await _a_client(port, seed, stop, seen)
+    except Exception as exc:  # reported with what it saw, not as one of 200 tracebacks
+        seen.error = f"{exc!r}; last events: {seen.events[-8:]}"
+    finally:
+        seen.done = True
+
+
+async def _a_client(port: int, seed: int, stop: trio.Event, seen: Client) -> None:
+    rng = random.Random(seed)
+    async with (
+        vrt.connect(f"ws://127.0.0.1:{port}/", tools=[note], resume_timeout=60) as client,
+        client.subscribe() as channel,
+    ):
+        events = Log(channel)
+        lost_at: float | None = None
+
+        async def watch() -> None:
+            nonlocal lost_at
+            async for event in channel:
+                seen.events.append(event)
+                if isinstance(event, vrt.Reconnecting):
+                    lost_at = trio.current_time()
+                elif isinstance(event, vrt.Resumed) and lost_at is not None:
+                    seen.gaps.append(trio.current_time() - lost_at)
+                    lost_at = None
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            while not stop.is_set():
+                kind = rng.choices(["plain", "app", "slow"], [6, 3, 1])[0]
+                text = {"plain": "hello", "app": "app note this", "slow": "slow please"}[kind]
+                ended = await _turn(client, seen, text)
+                if ended.reason == "interrupted":
+                    seen.interrupted += 1
+                await trio.sleep(rng.uniform(0.5, 2.5))
+            ended = await _turn(client, seen, "last")  # its whole history, seen by the model
+            seen.final = "".join(
+                e.text
+                for e in seen.events
+                if isinstance(e, vrt.TextDelta) and e.turn_id == ended.turn_id
+            )
+            nursery.cancel_scope.cancel()
+
+
+async def _turn(client: vrt.Client, seen: Client, text: str) -> vrt.TurnEnded:
+    start = len(seen.events)
+    await client.send_text(text)
+    seen.inputs += 1
+    with trio.fail_after(60):
+        while True:
+            for event in seen.events[start:]:
+                if isinstance(event, vrt.TurnEnded):
+                    return event
+            start = len(seen.events)
+            await trio.sleep(0.02)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+async def test_three_nodes_behind_haproxy_lose_nothing(tmp_path: Path, redis_url: str) -> None:
+    """Issue 19's acceptance test. 200 clients through a proxy that cuts connections at
+    random, to HAProxy (roundrobin, no stickiness, /healthz checks), to three ``vrt serve
+    --store`` nodes; each node in turn is sent SIGTERM (it drains) and started again, then
+    one is killed (SIGKILL) and started again. No session is closed, every call has one
+    terminal on the app's side, and each client's last turn sees its whole history."""
+    ports = [free_port() for _ in range(3)]
+    report: dict[str, Any] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        nodes: list[trio.Process] = []
+
+        async def start(i: int, generation: int) -> trio.Process:
+            process, _ = await stack.enter_async_context(
+                vrt_serve(
+                    tmp_path,
+                    f"node{i}-{generation}",
+                    "--port",
+                    str(ports[i]),
+                    "--store",
+                    redis_url,
+                    *NODE_FLAGS,
+                )
+            )
+            return process
+
+        for i in range(3):
+            nodes.append(await start(i, 0))
+        balancer = stack.enter_context(haproxy(ports))
+        proxy = LoopbackProxy(balancer)
+        stop = trio.Event()
+        clients = [Client() for _ in range(CLIENTS)]
+        cuts = 0
+        async with trio.open_nursery() as outer, trio.open_nursery() as nursery:
+            await outer.start(proxy.run)
+            for i, seen in enumerate(clients):
+                nursery.start_soon(a_client, proxy.port, i, stop, seen)
+                if i % 20 == 19:
+                    await trio.sleep(0.1)
+            await trio.sleep(2)
+
+            async def cutter() -> None:
+                nonlocal cuts
+                while not stop.is_set():
+                    await trio.sleep(0.5)
+                    cuts += proxy.cut(3)
+
+            nursery.start_soon(cutter)
+            restarts = 0
+            for i in range(3):  # a rolling restart: drain, then start again
+                nodes[i].send_signal(signal.SIGTERM)
+                with trio.fail_after(30):
+                    await nodes[i].wait()
+                assert nodes[i].returncode == 0, f"node {i} exited {nodes[i].returncode}"
+                nodes[i] = await start(i, 1)
+                restarts += 1
+                await trio.sleep(1)
+            killed_at = trio.current_time()
+            nodes[1].kill()  # a crash
+            await nodes[1].wait()
+            nodes[1] = await start(1, 2)
+            await trio.sleep(8)  # past the dead node's lease: its sessions adopted
+            stop.set()
+            with trio.fail_after(90):  # every client's last turn, then the proxy
+                while any(not seen.done for seen in clients):  # noqa: ASYNC110 - 200 tasks
+                    await trio.sleep(0.1)
+            outer.cancel_scope.cancel()
+        report.update(cuts=cuts, restarts=restarts, killed_at=killed_at)
+    # -- what the apps saw
+    failed = [(i, seen.error) for i, seen in enumerate(clients) if seen.error]
+    assert not failed, failed[:3]
+    gaps = [gap for seen in clients for gap in seen.gaps]
+    closed = [e for seen in clients for e in seen.events if isinstance(e, vrt.Closed)]
+    assert not closed, closed[:5]
+    terminals: dict[str, int] = {}
+    for seen in clients:
+        for event in seen.events:
+            if isinstance(event, vrt.ToolStream):
+                terminals.setdefault(event.call_id, 0)
+                if event.phase in (vrt.Phase.SETTLED, vrt.Phase.CANCELLED, vrt.Phase.FAILED):
+                    terminals[event.call_id] += 1
+    bad = {call: n for call, n in terminals.items() if n != 1}
+    assert not bad, list(bad.items())[:10]
+    cancelled = sum(
+        1
+        for seen in clients
+        for e in seen.events
+        if isinstance(e, vrt.ToolStream) and e.phase == vrt.Phase.CANCELLED
+    )
+    wrong = [
+        (i, seen.final, seen.inputs, seen.interrupted)
+        for i, seen in enumerate(clients)
+        if seen.final != f"{seen.final.split(',')[0]}, {seen.inputs} inputs seen, "
+        f"{seen.interrupted} interrupted"
+    ]
+    assert not wrong, wrong[:10]
+    for seen in clients:
+        vrt.testing.assert_stream_valid(seen.events)
+    print(
+        f"\n{CLIENTS} sessions, {sum(s.inputs for s in clients)} turns, {report['cuts']} cuts, "
+        f"{report['restarts']} restarts and 1 SIGKILL; {len(gaps)} resumes, gap p50 "
+        f"{pct(gaps, 0.5) * 1000:.0f} ms p99 {pct(gaps, 0.99) * 1000:.0f} ms max "
+        f"{max(gaps, default=0) * 1000:.0f} ms; {len(terminals)} calls, {cancelled} cancelled "
+        f"(the crash), {sum(s.interrupted for s in clients)} turns interrupted"
+    )

@@ -299,3 +299,37 @@ async def test_without_a_store_nothing_drains() -> None:
         with pytest.raises(ValueError, match="without a store"):
             server.drain()
         nursery.cancel_scope.cancel()
+
+
+async def test_what_the_client_sent_after_the_last_save_survives_a_crash() -> None:
+    """Found by vrt check (helper's ``ack-unsaved``): an interrupt between turns raises the
+    epoch on the server but saves nothing; acked, the client forgot it, and after a crash
+    the new server was an epoch behind: every app call of the next turn refused as stale.
+    A server with a store acks only what its last save holds, so the client replays it."""
+    ran = trio.Event()
+
+    @vrt.app_tool(parameters=HOLD_PARAMS)
+    async def hold(args: Any, ctx: vrt.ToolContext) -> str:
+        ran.set()
+        return "held"
+
+    async with nodes(2) as ([a, b], store), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/", tools=[hold]) as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("hi")
+                await until(events, ended)
+                client.interrupt()  # epoch 1, with no turn open
+                await trio.sleep(0.5)  # past the 200 ms in which an ack would come
+                move(proxy, b)
+                a.scope.cancel()
+                await a.done.wait()
+                await store.forget_node("n0")
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                await client.send_text("app please")
+                after = await until(events, ended)
+                with trio.fail_after(2):
+                    await ran.wait()  # run, not refused by the epoch gate
+    assert after.reason == "finished" and client.epoch == 1
+    calls = [e for e in events.events if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED]
+    assert calls and calls[-1].ok

@@ -12,6 +12,7 @@ protocol's replay buffer for a resume.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -103,7 +104,7 @@ class SessionActor:
         may take 12 bytes escaped: an emoji is written as two \\u escapes)."""
         # With a store: the state saved at the last turn boundary, not yet written, and
         # the lock that keeps saves (and the handover's last one) in order.
-        self._unsaved: bytes | None = None
+        self._unsaved: tuple[bytes, int] | None = None
         self._save_wanted: trio.Event | None = None
         self._save_lock = trio.Lock()
         self._held: list[str | bytes] | None = None
@@ -172,6 +173,8 @@ class SessionActor:
                 if node is not None:
                     self._save_wanted = trio.Event()
                     nursery.start_soon(self._saver)
+                    if self.proto.ack_limit is None:  # adopted: its saved received seq
+                        self.proto.ack_limit = self.proto.received_seq if self.restored else 0
                 try:
                     task_status.started()
                     await self._expiry()
@@ -460,7 +463,7 @@ class SessionActor:
             return
         data = self._snapshot(open_turn)
         if data is not None:
-            self._unsaved = data
+            self._unsaved = (data, self.proto.received_seq)
             assert self._save_wanted is not None
             self._save_wanted.set()
         if open_turn is None and self.move_at_boundary and self._nursery is not None:
@@ -475,9 +478,10 @@ class SessionActor:
             await self._save_wanted.wait()
             self._save_wanted = trio.Event()
             async with self._save_lock:
-                data, self._unsaved = self._unsaved, None
-                if data is None or self.handed_over:
+                unsaved, self._unsaved = self._unsaved, None
+                if unsaved is None or self.handed_over:
                     continue
+                data, received = unsaved
                 try:
                     kept = await node.store.save(
                         self.proto.session_id, node.name, node.name, data, node.record_ttl
@@ -487,6 +491,12 @@ class SessionActor:
                     continue
             if not kept:
                 self._taken()
+                continue
+            # What is saved is safe: the client may forget it (see Endpoint.ack_limit).
+            proto = self.proto
+            proto.ack_limit = max(proto.ack_limit or 0, received)
+            if proto.ack_due:
+                self.hub.acks.due(self._send_ack)
 
     def _taken(self) -> None:
         """Another node adopted this session (this one's lease ran out, the store said so
@@ -571,9 +581,13 @@ class SessionActor:
         if restored.open_turn is not None:
             turns[restored.open_turn] = None
         epoch = session.epoch
+        # What the saved replay already ends, the client gets from it: not ended twice.
+        assert hello.resume is not None
+        ended_calls, ended_turns = _ended_in(proto.replay, hello.resume.last_seq)
         for entry in hello.open:
-            turns[entry.turn_id] = None
-            if entry.call_id is None:
+            if entry.turn_id not in ended_turns:
+                turns[entry.turn_id] = None
+            if entry.call_id is None or entry.call_id in ended_calls:
                 continue
             self.lost_calls.add(entry.call_id)  # a result replayed for it is dropped quietly
             proto.send(
@@ -749,6 +763,22 @@ class _Pending:
         await self.done.wait()
         assert self.result is not None
         return self.result
+
+
+def _ended_in(replay: Any, after: int) -> tuple[set[str], set[str]]:
+    """The calls (a terminal ``tool.stream``) and turns (``turn.ended``) that the replay
+    buffer's messages numbered above ``after`` end."""
+    calls: set[str] = set()
+    turns: set[str] = set()
+    for seq, frame in replay:
+        if seq <= after or ('"turn.ended"' not in frame and '"tool.stream"' not in frame):
+            continue
+        message = json.loads(frame)
+        if message.get("type") == "turn.ended":
+            turns.add(message["turnId"])
+        elif message.get("type") == "tool.stream" and message.get("phase") in TERMINAL_PHASES:
+            calls.add(message["callId"])
+    return calls, turns
 
 
 def _set(event: trio.Event | None) -> None:

@@ -23,7 +23,7 @@ from vrt._net.accept import Accepting, GuardedStream, Pending, peer_address
 from vrt._net.actor import SessionActor
 from vrt._net.handover import State
 from vrt._net.link import send_and_close
-from vrt._net.node import Adopt, Node, RelayTo
+from vrt._net.node import Adopt, Here, Node, RelayTo
 from vrt._net.options import Options
 from vrt._net.pumps import AckTimer
 from vrt._net.relay import HANDOVER_CLOSE, Parked, Unreachable, relay
@@ -58,6 +58,10 @@ class Hub:
         self.draining = False
         """New sessions are refused (503) and every session moves at its next boundary."""
         self._emptied: trio.Event | None = None  # set when the last session leaves a drain
+        self.adopting: dict[str, trio.Event] = {}
+        """Sessions being adopted here now (a second resume of one waits for it)."""
+        self.relayed: set[Any] = set()
+        """Client connections this node relays to another (closed with 1012 by a drain)."""
         self.options = options
         self.nursery = nursery
         self.accepting = accepting or Accepting(
@@ -217,6 +221,8 @@ class Hub:
 
     def closed(self, actor: SessionActor) -> None:
         """``actor``'s session is over (or moved): its place is free."""
+        if self.sessions.get(actor.proto.session_id) is not actor:
+            return  # never registered (a failed adoption)
         del self.sessions[actor.proto.session_id]
         if not self.sessions and self._emptied is not None:
             self._emptied.set()
@@ -257,7 +263,16 @@ class Hub:
             await send_and_close(ws, proto.take_outbox())
             return
         try:
-            actor = await self._adopt_or_relay(ws, hello, principal, peer, request)
+            with trio.CancelScope() as gone:
+                if stream is not None:  # the client left: stop looking for its session
+                    stream.on_close = gone.cancel
+                actor = await self._adopt_or_relay(ws, hello, principal, peer, request)
+            if stream is not None:
+                stream.on_close = None
+            if gone.cancelled_caught:
+                log.info("session %s: the client left while its resume was looked for",
+                         hello.resume.session_id)  # fmt: skip
+                return
         except StoreError as exc:
             # Not the client's fault, nor the end of its session: it tries again.
             log.warning("session %s: cannot resume now: %s", hello.resume.session_id, exc)
@@ -283,14 +298,34 @@ class Hub:
         node = self.node
         assert node is not None
         assert hello.resume is not None
+        session_id = hello.resume.session_id
         for _ in range(3):  # a relay that finds the owner gone or parking: look again
-            found = await node.locate(hello, principal)
+            found = None if session_id in self.adopting else await node.locate(hello, principal)
+            if session_id in self.adopting or isinstance(found, Here):
+                # Another connection of it is adopting it here (an attempt the client gave
+                # up on, still at work): once it is done, this newer one takes over.
+                adopting = self.adopting.get(session_id)
+                if adopting is not None:
+                    with trio.move_on_after(5):
+                        await adopting.wait()
+                actor = self._matching(hello, principal)
+                if actor is None:
+                    return None
+                actor.resume(hello)
+                return actor
             if found is None:
                 log.info("refused a resume (unknown to the store, or token or principal)")
                 return None
             if isinstance(found, Adopt):
-                return await self._adopt(found, hello, principal, peer)
+                done = self.adopting[session_id] = trio.Event()
+                try:
+                    with trio.CancelScope(shield=True):  # claimed: it must be hosted now
+                        return await self._adopt(found, hello, principal, peer)
+                finally:
+                    del self.adopting[session_id]
+                    done.set()
             assert isinstance(found, RelayTo)
+            self.relayed.add(ws)
             try:
                 outcome = await relay(
                     ws,
@@ -304,6 +339,8 @@ class Hub:
                 log.info("session %s: %s", hello.resume.session_id, exc)
                 await node.wait_for_lease(found.owner)
                 continue
+            finally:
+                self.relayed.discard(ws)
             if isinstance(outcome, Parked):
                 continue
             return _RELAYED
@@ -385,6 +422,12 @@ class Hub:
                     self.nursery.start_soon(actor.hand_over)
             with trio.move_on_after(5.0):
                 await self._emptied.wait()
+        # The connections relayed through this node to others: their clients resume at
+        # once, and reach the node running their session some other way.
+        for ws in list(self.relayed):
+            self.nursery.start_soon(send_and_close, ws, [], HANDOVER_CLOSE)
+        if self.relayed:
+            await trio.sleep(0.2)
 
     def _matching(self, hello: m.Hello, principal: Any) -> SessionActor | None:
         """The session of this node that ``hello`` resumes, if the token, the principal

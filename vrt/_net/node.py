@@ -45,6 +45,11 @@ class Adopt:
 
 
 @attrs.frozen
+class Here:
+    """This node runs the session, or is adopting it for another connection right now."""
+
+
+@attrs.frozen
 class RelayTo:
     """Relay the connection to the session's live owner."""
 
@@ -116,9 +121,10 @@ class Node:
         except StoreError as exc:
             log.info("node %s: could not end its lease (%s): it runs out by itself", self.name, exc)
 
-    async def locate(self, hello: m.Hello, principal: Any) -> Adopt | RelayTo | None:
-        """Where the session ``hello`` resumes is: adopt it, relay to its owner, or None
-        (unknown, expired, another token or principal: one answer for all)."""
+    async def locate(self, hello: m.Hello, principal: Any) -> Adopt | RelayTo | Here | None:
+        """Where the session ``hello`` resumes is: adopt it, relay to its owner, here
+        already (another connection's adoption took it meanwhile), or None (unknown,
+        expired, another token or principal: one answer for all)."""
         assert hello.resume is not None
         resume = hello.resume
         session_id = resume.session_id
@@ -140,6 +146,8 @@ class Node:
                     return None
                 checked = True
             owner = saved.owner
+            if owner == self.name and session_id in self.sessions:
+                return Here()
             if owner and owner != self.name:
                 address = await self.store.node_address(owner)
                 if address is not None:

@@ -57,6 +57,10 @@ class Endpoint:
         """``batch-v1`` was negotiated: frames may carry arrays of messages."""
         self._ack_queued: tuple[int, str] | None = None
         """The outbox's last ack (index, frame), while not taken: a later one replaces it."""
+        self.ack_limit: int | None = None
+        """Ack nothing above this seq (None: all that is processed). A server with a store
+        acks only what its last save holds: the client keeps the rest and replays it to
+        the process that adopts the session if this one dies (``handover-v1``)."""
 
     @property
     def batch_limit(self) -> int:
@@ -123,9 +127,14 @@ class Endpoint:
         if seq <= self.received_seq:
             return False
         self.received_seq = seq
-        if self.received_seq - self._ack_sent >= ACK_EVERY:
+        if self._ackable - self._ack_sent >= ACK_EVERY:
             self.send_ack()
         return True
+
+    @property
+    def _ackable(self) -> int:
+        limit = self.ack_limit
+        return self.received_seq if limit is None else min(self.received_seq, limit)
 
     def peer_acked(self, seq: int) -> bool:
         """The peer processed everything up to ``seq``: forget those frames.
@@ -149,15 +158,16 @@ class Endpoint:
 
     @property
     def ack_due(self) -> bool:
-        """Whether something processed has not been acked yet."""
-        return self.received_seq > self._ack_sent
+        """Whether something processed (up to :attr:`ack_limit`) has not been acked yet."""
+        return self._ackable > self._ack_sent
 
     def send_ack(self) -> bool:
-        """Queue an ack for the highest processed seq if it was not acked yet."""
+        """Queue an ack for the highest processed seq (up to :attr:`ack_limit`) if it was
+        not acked yet."""
         if not self.ack_due:
             return False
-        self._ack_sent = self.received_seq
-        frame = codec.encode(m.Ack(seq=self.received_seq))
+        self._ack_sent = seq = self._ackable
+        frame = codec.encode(m.Ack(seq=seq))
         outbox, queued = self.outbox, self._ack_queued
         if queued is not None and queued[0] < len(outbox) and outbox[queued[0]] is queued[1]:
             # One ack still waits to be written (a batch of hundreds of messages reaches

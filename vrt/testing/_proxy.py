@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 
 import trio
 
@@ -46,9 +47,14 @@ class LoopbackProxy:
         self._healed.set()
         self._healed = trio.Event()
 
-    def cut(self) -> int:
-        """Drop every open connection; returns how many."""
-        scopes, self._scopes = self._scopes, set()
+    def cut(self, count: int | None = None) -> int:
+        """Drop every open connection, or ``count`` of them chosen at random; returns how
+        many were dropped."""
+        if count is None:
+            scopes, self._scopes = self._scopes, set()
+        else:
+            scopes = set(random.sample(sorted(self._scopes, key=id), min(count, len(self._scopes))))
+            self._scopes -= scopes
         for scope in scopes:
             scope.cancel()
         return len(scopes)
