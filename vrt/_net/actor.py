@@ -508,9 +508,10 @@ class SessionActor:
 
     @property
     def idle(self) -> bool:
-        """Between turns: no turn open, none waiting to start."""
+        """Between turns: no turn open, none being started (inputs may wait: they move
+        with the session, in its saved state)."""
         session = self.session
-        return session is not None and session.turn is None and not self._inputs
+        return session is not None and session.turn is None and not self._starting
 
     async def hand_over(self) -> bool:
         """Save the session for another node and let it go here, now (it must be between

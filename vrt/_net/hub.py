@@ -415,13 +415,15 @@ class Hub:
                 await self._emptied.wait()
         if self.sessions:
             log.info("drain: %d sessions still in a turn: interrupted", len(self.sessions))
-            for actor in list(self.sessions.values()):
-                if actor.session is not None:
-                    actor.session.interrupt()
-                if actor.idle:
-                    self.nursery.start_soon(actor.hand_over)
             with trio.move_on_after(5.0):
-                await self._emptied.wait()
+                while self.sessions:
+                    for actor in list(self.sessions.values()):
+                        if actor.idle:
+                            self.nursery.start_soon(actor.hand_over)
+                        elif actor.session is not None:
+                            actor.session.interrupt()  # (a turn that started meanwhile too)
+                    with trio.move_on_after(0.25):
+                        await self._emptied.wait()
         # The connections relayed through this node to others: their clients resume at
         # once, and reach the node running their session some other way.
         for ws in list(self.relayed):
