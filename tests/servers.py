@@ -89,49 +89,46 @@ def redis_server() -> Iterator[str]:
             _stop(process)
 
 
-HAPROXY_CONFIG = """
-global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    timeout tunnel 1h
-    option http-server-close
-    retries 3
-    option redispatch
-frontend vrt
-    bind 127.0.0.1:{port}
-    default_backend nodes
-backend nodes
-    balance roundrobin
-    option httpchk GET /healthz
-    http-check expect status 200
-    default-server inter 300ms fall 1 rise 2
-{servers}
-"""
+SHIPPED_HAPROXY = Path(__file__).parent.parent / "docs" / "deploy" / "haproxy.cfg"
+"""The configuration docs/deploy.md ships: the tests run it, on loopback ports."""
+
+
+def haproxy_config(port: int, backends: list[int]) -> str:
+    """The shipped HAProxy configuration, bound to ``127.0.0.1:port``, its servers the
+    ``backends`` (loopback ports)."""
+    lines = []
+    for line in SHIPPED_HAPROXY.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("server "):
+            continue
+        if stripped.startswith("bind "):
+            line = f"    bind 127.0.0.1:{port}"
+        elif stripped.startswith("maxconn "):
+            line = "    maxconn 4096"  # (within the test's file descriptor limit)
+        lines.append(line)
+    lines += [f"    server n{i} 127.0.0.1:{b} check" for i, b in enumerate(backends)]
+    return "\n".join(lines) + "\n"
 
 
 @contextmanager
-def haproxy(backends: list[int], *, config: str = HAPROXY_CONFIG) -> Iterator[int]:
-    """HAProxy on a free loopback port in front of ``backends`` (loopback ports),
-    ``balance roundrobin`` and no stickiness: its port."""
+def haproxy(backends: list[int]) -> Iterator[int]:
+    """HAProxy on a free loopback port in front of ``backends`` (loopback ports), with the
+    configuration docs/deploy/haproxy.cfg ships (round robin, no stickiness): its port."""
     binary = _binary("haproxy", "haproxy")
     port = free_port()
-    servers = "\n".join(
-        f"    server n{i} 127.0.0.1:{backend} check" for i, backend in enumerate(backends)
-    )
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "haproxy.cfg"
-        path.write_text(config.format(port=port, servers=servers))
+        path.write_text(haproxy_config(port, backends))
         log = Path(folder) / "haproxy.log"
         with log.open("wb") as err:
             process = subprocess.Popen(
                 [binary, "-f", str(path), "-db"], stdout=subprocess.DEVNULL, stderr=err
             )
             try:
-                _wait_for_port(port, process, f"haproxy ({log.read_text()[-500:]})")
+                try:
+                    _wait_for_port(port, process, "haproxy")
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{exc}: {log.read_text()[-500:]}") from None
                 yield port
             finally:
                 _stop(process)

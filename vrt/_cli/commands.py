@@ -170,7 +170,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Check each machine's compiled table against its class (every (state, "
         "event) pair, reachability, no dead event), then explore the composed model (tool "
         "calls, the turn, the client's call views and app calls, an ordered network that "
-        "drops and resumes, user and server interrupts) breadth first over every "
+        "drops and resumes, user and server interrupts, a session handed over to another "
+        "process at a turn boundary and one adopted after its process crashed) breadth "
+        "first over every "
         "interleaving within the bounds, and print states, transitions, seconds and "
         "violations, each with a short trace. --break breaks one rule on purpose, to see "
         "the checker find it. Exits 1 on any violation or machine problem.",
