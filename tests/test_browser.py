@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -1233,3 +1234,39 @@ def test_an_ordinary_close_is_resumed_after_the_backoff(browser: Any, server: st
     page.close()
     assert 0.45 < delay < 3, delay
     assert [k for k, _ in got if k in ("reconnecting", "resumed")] == ["reconnecting", "resumed"]
+
+
+def test_the_web_demo_survives_a_sigterm_of_its_worker(browser: Any) -> None:
+    """Issue 19: ``vrt serve --web --workers 2 --store redis://...`` serves the demo page;
+    the worker running the page's session is sent SIGTERM mid-script: it drains, the page
+    shows ``resumed`` and finishes its script on the other worker, as without the kill."""
+    from tests.servers import free_port, redis_server
+
+    port = free_port()
+    with redis_server() as store:
+        command = ("serve", "vrt._cli.demo_agent:fast", "--web", "--port", str(port),
+                   "--store", store, "--workers", "2")  # fmt: skip
+        with serving("", command):
+            context = browser.new_context()
+            page = context.new_page()
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(f"http://127.0.0.1:{port}/?autorun&scale=0.1")
+            page.wait_for_function("window.demoResult.turns.length >= 1", timeout=30_000)
+            session = page.evaluate("document.getElementById('status').textContent").split()[1]
+            owner = subprocess.run(
+                ["redis-cli", "-u", store, "HGET", f"vrt:session:{session.rstrip(',:')}", "owner"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            os.kill(int(owner.split(":")[1]), signal.SIGTERM)
+            page.wait_for_function("window.demoResult.done", timeout=60_000)
+            got = page.evaluate("window.demoResult")
+            status = page.inner_text("#status")
+            context.close()
+    assert got["turns"] == ["finished"] * 4 + ["interrupted"]
+    assert got["resumes"] >= 1 and "resumed" in status, status
+    assert "closed" not in status
+    assert console == [], console

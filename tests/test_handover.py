@@ -333,3 +333,44 @@ async def test_what_the_client_sent_after_the_last_save_survives_a_crash() -> No
     assert after.reason == "finished" and client.epoch == 1
     calls = [e for e in events.events if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED]
     assert calls and calls[-1].ok
+
+
+async def test_a_scripted_model_goes_on_where_it_was_after_a_move() -> None:
+    """Its place in the script moves with the session (``session_state``): the next turn
+    plays the next step, not the first again (whose call ids the session already used)."""
+    store = MemoryStore()
+    steps = [[vrt.call("ping", {})], [vrt.say("one")], [vrt.say("two")], []]
+
+    @vrt.server_tool(risk="low")
+    async def ping(args: Any, ctx: vrt.ToolContext) -> str:
+        return "pong"
+
+    async with trio.open_nursery() as nursery:
+        servers = [
+            await nursery.start(
+                functools.partial(
+                    vrt.serve,
+                    vrt.define_agent(model=vrt.ScriptedModel(steps), tools=[ping]),
+                    "127.0.0.1",
+                    0,
+                    store=store,
+                    node=f"s{i}",
+                )
+            )
+            for i in range(2)
+        ]
+        proxy = LoopbackProxy(servers[0].port)
+        await nursery.start(proxy.run)
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("first")
+                first = await until(events, ended)
+                proxy.target_port = servers[1].port
+                servers[0].drain()
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                await client.send_text("second")
+                second = await until(events, ended)
+        nursery.cancel_scope.cancel()
+    assert texts(events.events, first.turn_id) == "one"
+    assert texts(events.events, second.turn_id) == "two"

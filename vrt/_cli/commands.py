@@ -26,6 +26,9 @@ from vrt._net.node import default_name
 
 Handler = Callable[[argparse.Namespace], int]
 
+DEMO_AGENT = "vrt._cli.demo_agent:at_full_pace"
+"""What ``vrt serve --web`` serves without MODULE:AGENT: the demo's travel assistant."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``vrt`` command line with ``argv`` (default: ``sys.argv[1:]``).
@@ -82,7 +85,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Import AGENT from MODULE (a vrt.Agent, or a function that returns one) "
         "and serve it with vrt.serve until interrupted. The current directory is importable.",
     )
-    serve.add_argument("target", metavar="MODULE:AGENT", help="e.g. myapp.agents:agent")
+    serve.add_argument(
+        "target",
+        metavar="MODULE:AGENT",
+        nargs="?",
+        help="e.g. myapp.agents:agent (with --web it may be left out: the demo's agent)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
         "--port", type=_port, default=8765, help="0 picks a free port (default: %(default)s)"
@@ -303,6 +311,11 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if args.target is None:
+        if not args.web:
+            print("vrt serve: MODULE:AGENT is missing (only --web has a default)", file=sys.stderr)
+            return 2
+        args.target = DEMO_AGENT
     if args.workers > 1 and args.worker_index is None:
         from vrt._cli.workers import supervise
 

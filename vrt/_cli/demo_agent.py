@@ -13,6 +13,16 @@ import vrt
 from vrt.models import CallDelta, ModelEvent, ModelRequest
 
 
+def at_full_pace() -> vrt.Agent:
+    """The demo's agent at its real pace (``vrt serve --web`` without MODULE:AGENT)."""
+    return agent(1.0)
+
+
+def fast() -> vrt.Agent:
+    """The demo's agent with every delay a tenth (``vrt demo --fast``), for tests."""
+    return agent(0.1)
+
+
 def agent(scale: float) -> vrt.Agent:
     """The travel assistant the demo serves: the script, the server tools, the client's app
     tools accepted, and a confirmation before every high-risk call."""
@@ -216,3 +226,11 @@ class PacedModel:
     def forget(self, session_id: str) -> None:
         """Pass the session's end on to the script (it drops its cursor)."""
         self.inner.forget(session_id)
+
+    def session_state(self, session_id: str) -> list[int] | None:
+        """The script's place, which moves with the session to another server process."""
+        return self.inner.session_state(session_id)
+
+    def restore_session(self, session_id: str, state: object) -> None:
+        """Go on from another process's place in the script."""
+        self.inner.restore_session(session_id, state)
