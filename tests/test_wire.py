@@ -568,3 +568,17 @@ async def test_a_rewrite_to_nan_is_failed_and_never_reaches_the_wire(vrt_serve: 
     (settled_,) = [e for e in events if isinstance(e, vrt.ToolStream) and e.phase == P.SETTLED]
     assert settled_.ok is False and settled_.code == vrt.ResultCode.FAILED
     assert not ran
+
+
+async def test_the_client_closes_when_its_replay_buffer_overflows(vrt_serve: Serve) -> None:
+    """PROTOCOL.md: over the replay buffer's bound the session cannot be resumed, so it is
+    closed (``overflow``); the Python client let its buffer drop the oldest and went on."""
+    server = await vrt_serve(agent([vrt.say("hi")] * 10))
+    async with vrt.connect(server.url) as client, client.subscribe() as channel:
+        client.proto.replay_limit = 3  # (the default is 10,000)
+        for _ in range(5):  # faster than the server's 200 ms acks
+            with contextlib.suppress(vrt.SessionClosed):
+                await client.send_text("x")
+        with trio.fail_after(5):
+            events = [e async for e in channel]
+    assert isinstance(events[-1], vrt.Closed) and events[-1].reason == "overflow"

@@ -178,6 +178,22 @@ class Client:
     def _flush(self) -> None:
         for frame in self.proto.take_outbox():
             self._out.send_nowait(frame)
+        if self.proto.overflowed and self.closed is None and not self._closing:
+            # PROTOCOL.md: the session can no longer be resumed once the replay buffer
+            # dropped what the server has not acked: it is closed (as vrt.js does).
+            log.warning(
+                "session %s: %d unacked messages (%d bytes): over the replay buffer's "
+                "bound, the session is closed (overflow)",
+                self.session_id,
+                len(self.proto.replay),
+                self.proto.replay_bytes,
+            )
+            self._closing = True
+            if self.proto.connection.state == "open":
+                self.proto.close()
+                for frame in self.proto.take_outbox():
+                    self._out.send_nowait(frame)
+            self._dispatch(Closed(reason="overflow"))
 
     def _emit(self, event: Event) -> None:
         gone = None
