@@ -217,7 +217,6 @@ async def _a_client(port: int, seed: int, stop: trio.Event, seen: Client) -> Non
         vrt.connect(f"ws://127.0.0.1:{port}/", tools=[note], resume_timeout=60) as client,
         client.subscribe() as channel,
     ):
-        events = Log(channel)
         lost_at: float | None = None
 
         async def watch() -> None:
