@@ -813,23 +813,42 @@ async def test_legacy_previews_are_linear_in_the_arguments() -> None:
 
 async def test_sessions_per_peer_and_sessions_that_never_start_a_turn() -> None:
     """Probe a08: 1,000 anonymous hellos in 2.8 s filled max_sessions; the slots stayed
-    taken 30 s after the attacker left; no per-peer cap."""
+    taken 30 s after the attacker left; no per-peer cap. Then, with the per-peer cap (at
+    2b9f98f), a real client from the attacker's address was refused for as long as the
+    attacker's turnless sessions lived. Now a session that never started a turn makes room
+    for a newcomer at a limit, as a slow handshake does; one that did is never closed for
+    it."""
     async with serving(chat_agent(), max_sessions_per_peer=3, first_turn_timeout=0.5) as server:
         flood = []
         for _ in range(3):
             stream = await raw_upgraded(server.port)
             await stream.send_all(HELLO)
             flood.append(stream)
-        async with connected(server) as extra:  # the fourth from the same address
-            await extra.send("hello", protocol="vrt/1", capabilities=["tool-stream-v1"], tools=[])
-            error = await extra.next_frame()
-            assert error["type"] == "error" and error["code"] == "RATE_LIMITED", error
+        async with connected(server) as newcomer:  # the fourth from the same address
+            await newcomer.hello()  # welcomed: the oldest turnless session made room
+            assert await closed_by_server(flood[0], within=1) < 0.5
+            await newcomer.run_turn()
+            await newcomer.send("close")  # (else, detached, it would hold its place)
+            await newcomer.until(lambda f: f["type"] == "closed")
+        async with session(server) as a, session(server) as b, session(server) as c:
+            for peer in (a, b, c):
+                await peer.run_turn()
+            async with connected(server) as extra:  # three that spoke: no room
+                await extra.send(
+                    "hello", protocol="vrt/1", capabilities=["tool-stream-v1"], tools=[]
+                )
+                error = await extra.next_frame()
+                assert error["type"] == "error" and error["code"] == "RATE_LIMITED", error
+            for peer in (a, b, c):
+                await peer.send("close")
+                await peer.until(lambda f: f["type"] == "closed")
         # another address is another peer
         other = await raw_upgraded(server.port, local="127.0.0.2")
         await other.send_all(HELLO)
         # none of them starts a turn: all closed (expired) after first_turn_timeout
-        for stream in [*flood, other]:
+        for stream in [*flood[1:], other]:
             assert await closed_by_server(stream, within=3) < 2.5
+        for stream in [*flood, other]:
             await stream.aclose()
         await fresh_works(server)
 
@@ -880,7 +899,7 @@ async def test_a_peer_cannot_crash_the_server_through_the_websocket_layer() -> N
                 await stream.send_all(HELLO + ws_frame(b"a" * (200 << 10), declared=4 << 20))
             except trio.BrokenResourceError:
                 pass
-        for stream in streams[2:]:  # refused at the cap, and closed
+        for stream in streams[:-2]:  # each made room for the next (no turn), and closed
             await closed_by_server(stream, within=3)
         await fresh_works_elsewhere(server)  # the server is up (this address is at its cap)
         for stream in streams:

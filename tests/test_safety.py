@@ -214,6 +214,7 @@ async def test_max_sessions() -> None:
     async with serving(chat_agent(), max_sessions=1) as server:
         async with connected(server) as first:
             await first.hello()
+            await first.run_turn()  # a session that never started a turn would make room
             async with connected(server) as second:
                 await second.send("hello", protocol="vrt/1")
                 await second.expect_rejected("RATE_LIMITED")
@@ -226,6 +227,19 @@ async def test_max_sessions() -> None:
                     if (await third.next_frame())["type"] == "welcome":
                         break
                 await trio.sleep(0.01)
+
+
+async def test_at_max_sessions_a_session_that_never_spoke_makes_room() -> None:
+    """Probe a08: turnless sessions held every slot. At the limit the oldest session that
+    started no turn is closed (``expired``) for the newcomer."""
+    async with serving(chat_agent(), max_sessions=1) as server:
+        async with connected(server) as silent:
+            await silent.hello()
+            async with connected(server) as newcomer:
+                await newcomer.hello()  # welcomed
+                closed = await silent.until(lambda f: f["type"] == "closed")
+                assert closed["reason"] == "expired"
+                await newcomer.run_turn()
 
 
 async def test_max_open_calls() -> None:

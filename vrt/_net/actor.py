@@ -118,6 +118,11 @@ class SessionActor:
     def log_id(self) -> str:
         return self.proto.session_id
 
+    @property
+    def turned(self) -> bool:
+        """Whether the client ever asked for a turn (an ``input``)."""
+        return self._turned
+
     def flush(self) -> None:
         """Hand every frame the protocol queued to the current connection, in order.
 

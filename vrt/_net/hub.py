@@ -205,12 +205,16 @@ class Hub:
 
     def _admits(self, peer: Any) -> bool:
         """Whether a new session of ``peer`` fits under ``max_sessions`` and
-        ``max_sessions_per_peer``."""
+        ``max_sessions_per_peer``; at a limit, the oldest session there that never started
+        a turn makes room (probe a08: a thousand hellos that never speak held every slot,
+        and the slots of those that left, for the resume window)."""
         options = self.options
-        if len(self.sessions) >= options.max_sessions:
+        if len(self.sessions) >= options.max_sessions and not self._make_room(None):
             log.info("refused a session: at max_sessions (%d)", options.max_sessions)
             return False
-        if self.by_peer.get(peer, 0) >= options.max_sessions_per_peer:
+        if self.by_peer.get(peer, 0) >= options.max_sessions_per_peer and not self._make_room(
+            peer
+        ):
             log.info(
                 "refused a session of %s: at max_sessions_per_peer (%d)",
                 _shown(peer),
@@ -218,6 +222,21 @@ class Hub:
             )
             return False
         return True
+
+    def _make_room(self, peer: Any) -> bool:
+        """Close the oldest session (of ``peer``, or of anyone) that never started a turn:
+        like a handshake that never finishes, it had its chance. False if there is none."""
+        for actor in self.sessions.values():
+            if not actor.turned and (peer is None or actor.peer == peer):
+                log.info(
+                    "session %s closed (expired): it started no turn, and a new session "
+                    "needed its place",
+                    actor.log_id,
+                )
+                self.closed(actor)  # its place is free now; its task ends it
+                actor.end("expired")
+                return True
+        return False
 
     def closed(self, actor: SessionActor) -> None:
         """``actor``'s session is over (or moved): its place is free."""

@@ -131,8 +131,10 @@ async def serve(
       ``max_pending_per_peer`` to ``max_pending_connections`` there. A peer that leaves
       mid-handshake is forgotten at once. Running out of file descriptors is one warning
       a time, not a log flood.
-    - ``max_sessions`` (1,000): live sessions, detached ones included; a new session over
-      it is refused (``error`` ``RATE_LIMITED``, ``closed`` ``rejected``).
+    - ``max_sessions`` (1,000): live sessions, detached ones included. At it, the oldest
+      session that never started a turn is closed (``expired``) to make room; if every
+      session has, a new one is refused (``error`` ``RATE_LIMITED``, ``closed``
+      ``rejected``).
     - ``max_sessions_per_peer`` (20): the same, per principal (what ``authenticate``
       returns) or, without one, per remote IP address.
     - ``first_turn_timeout`` (300 s): a session that starts no turn by then is closed
