@@ -8,13 +8,19 @@ tests are in the first pass (marked ``network``), never skipped.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).parent.parent
 
 START_TIMEOUT = 10.0
 
@@ -132,3 +138,36 @@ def haproxy(backends: list[int]) -> Iterator[int]:
                 yield port
             finally:
                 _stop(process)
+
+
+@asynccontextmanager
+async def vrt_serve(log: Path, target: str, *flags: str) -> AsyncIterator[tuple[trio.Process, str]]:
+    """``vrt serve TARGET FLAGS`` in a process of its own, its stderr in ``log``: the
+    process and the line it printed first (its URL). Stopped with SIGINT (killed if it
+    does not stop) on the way out; then its log must hold no ERROR and no traceback."""
+    with log.open("wb") as err:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "vrt", "serve", target, *flags],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+        try:
+            assert process.stdout is not None
+            line = b""
+            with trio.fail_after(30):
+                while not line.endswith(b"\n"):
+                    chunk = await process.stdout.receive_some(1)
+                    assert chunk, (await trio.Path(log).read_text())[-2000:]
+                    line += chunk
+            yield process, line.decode()
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGINT)
+                with trio.move_on_after(15):
+                    await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    text = await trio.Path(log).read_text()
+    assert " ERROR " not in text and "Traceback" not in text, text[-4000:]

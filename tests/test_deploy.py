@@ -20,6 +20,7 @@ import pytest
 import trio
 
 import vrt
+from tests import servers
 from tests.conftest import Log, until
 from tests.servers import free_port, haproxy, redis_server
 from vrt._net.store import RedisStore, open_store
@@ -51,36 +52,9 @@ async def connected_store(url: str) -> AsyncIterator[RedisStore]:
 async def vrt_serve(
     tmp_path: Path, name: str, *flags: str, target: str = "tests.deploy_agent:agent"
 ) -> AsyncIterator[tuple[trio.Process, str]]:
-    """``vrt serve TARGET FLAGS`` in a process of its own, its stderr in a log: the process
-    and its first line. Stopped with SIGINT (killed if it does not stop) on the way out;
-    its log must hold no ERROR or traceback."""
-    log = tmp_path / f"{name}.log"
-    with log.open("wb") as err:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "vrt", "serve", target, *flags],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=err,
-        )
-        try:
-            assert process.stdout is not None
-            line = b""
-            with trio.fail_after(30):
-                while not line.endswith(b"\n"):
-                    chunk = await process.stdout.receive_some(1)
-                    assert chunk, log.read_text()[-2000:]
-                    line += chunk
-            yield process, line.decode()
-        finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGINT)
-                with trio.move_on_after(15):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-    text = log.read_text()
-    assert " ERROR " not in text and "Traceback" not in text, text[-4000:]
+    """``vrt serve TARGET FLAGS`` (tests/servers.py), its log ``NAME.log`` in tmp_path."""
+    async with servers.vrt_serve(tmp_path / f"{name}.log", target, *flags) as served:
+        yield served
 
 
 async def turn(client: vrt.Client, events: Log, text: str) -> vrt.TurnEnded:

@@ -123,6 +123,15 @@ def move(proxy: LoopbackProxy, to: Node, *, cut: bool = True) -> None:
         proxy.cut()
 
 
+async def crash(node: Node, store: MemoryStore, proxy: LoopbackProxy, to: Node) -> None:
+    """``node`` dies: the network first (nothing more reaches its clients, who reconnect
+    to ``to``), then the process; then its lease runs out (by hand: 5 s, otherwise)."""
+    move(proxy, to)
+    node.scope.cancel()
+    await node.done.wait()
+    await store.forget_node(node.server.node or "")
+
+
 def ended(e: Any) -> bool:
     return isinstance(e, vrt.TurnEnded)
 
@@ -261,11 +270,8 @@ async def test_a_crash_costs_only_the_turn_in_flight() -> None:
                     events,
                     lambda e: isinstance(e, vrt.ToolStream) and e.phase == P.ARGUMENTS_COMPLETE,
                 )
-                move(proxy, b)  # the network goes first: nothing more reaches the client
                 crashed_at = trio.current_time()
-                a.scope.cancel()  # then the process
-                await a.done.wait()
-                await store.forget_node("n0")  # its lease runs out
+                await crash(a, store, proxy, b)
                 lost = await until(events, ended)
                 assert lost.reason == "interrupted"
                 assert trio.current_time() - crashed_at < 2.0  # one resume, adopted at once
@@ -321,10 +327,7 @@ async def test_what_the_client_sent_after_the_last_save_survives_a_crash() -> No
                 await until(events, ended)
                 client.interrupt()  # epoch 1, with no turn open
                 await trio.sleep(0.5)  # past the 200 ms in which an ack would come
-                move(proxy, b)
-                a.scope.cancel()
-                await a.done.wait()
-                await store.forget_node("n0")
+                await crash(a, store, proxy, b)
                 await until(events, lambda e: isinstance(e, vrt.Resumed))
                 await client.send_text("app please")
                 after = await until(events, ended)

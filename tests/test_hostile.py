@@ -32,6 +32,7 @@ import pytest
 import trio
 
 import vrt
+from tests.servers import vrt_serve
 from tests.test_wire_errors import chat_agent, connected, serving, session
 from vrt._net import actor as _actor
 from vrt.testing import LoopbackProxy
@@ -452,43 +453,11 @@ LOCKOUT_TURN = 2.0
 @asynccontextmanager
 async def serve_process(tmp_path: Path, *flags: str) -> AsyncIterator[int]:
     """``vrt serve tests.serve_agent:agent`` in its own process (the attack runs in this
-    one, as it would on another machine): its port. On the way out it is stopped, and its
-    log must hold no ERROR and no traceback."""
-    import signal
-
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        process = await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "vrt",
-                "serve",
-                "tests.serve_agent:agent",
-                "--port",
-                "0",
-                *flags,
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=out,
-        )
-        try:
-            assert process.stdout is not None
-            line = b""
-            with trio.fail_after(20):
-                while not line.endswith(b"\n"):
-                    line += await process.stdout.receive_some(1)
-            yield int(line.decode().rsplit(":", 1)[1].strip(" /\n"))
-        finally:
-            process.send_signal(signal.SIGINT)
-            with trio.move_on_after(10):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-    text = log.read_text()
-    assert " ERROR " not in text and "Traceback" not in text, text[-3000:]
+    one, as it would on another machine): its port. Its log must hold no ERROR and no
+    traceback (tests/servers.py)."""
+    flags = ("--port", "0", *flags)
+    async with vrt_serve(tmp_path / "server.log", "tests.serve_agent:agent", *flags) as (_, line):
+        yield int(line.rsplit(":", 1)[1].strip(" /\n"))
 
 
 async def real_turn(port: int) -> float:

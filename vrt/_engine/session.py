@@ -243,20 +243,8 @@ class Session:
         if self._machine.final:
             return
         self._machine.send("close")
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
         self._turn = None
-        forget = getattr(self.agent.model, "forget", None)  # e.g. ScriptedModel's cursors
-        if callable(forget):
-            forget(self.session_id)
-        self.emit(Closed(reason=reason))
-        for channel in self.subscribers:
-            channel.close()
-        self.subscribers.clear()
-        self.listeners.clear()
-        self._preview_subscribers.clear()
-        self._preview_listeners.clear()
-        self._rewatch()
+        self._end_here(Closed(reason=reason))
 
     def hand_over(self) -> None:
         """This process lets the session go, between turns, to go on elsewhere (a server
@@ -267,11 +255,19 @@ class Session:
         if self._turn is not None:
             raise RuntimeError("a session is handed over between turns only")
         self._machine.send("hand_over")
+        self._end_here(None)
+
+    def _end_here(self, last: Closed | None) -> None:
+        """The session is final here: its turns cancelled, the model told (it drops what
+        it kept for the session, e.g. ScriptedModel's cursor), ``last`` emitted, and every
+        subscriber's iteration ended."""
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         forget = getattr(self.agent.model, "forget", None)
         if callable(forget):
             forget(self.session_id)
+        if last is not None:
+            self.emit(last)
         for channel in self.subscribers:
             channel.close()
         self.subscribers.clear()
