@@ -49,6 +49,10 @@ knobs). A :func:`vrt.serve` server on 127.0.0.1 (port 0) and ``--sessions`` clie
 ``--gc-threshold N`` (``gc.set_threshold(N)``) and ``--gc-freeze`` (``gc.freeze()`` once
 the sessions are idle) are the application's own GC tuning, off by default, to compare.
 
+``--workers N``, ``--store URL`` (or ``auto``), ``--compare`` and ``--rolling`` run the
+server as ``vrt serve`` processes instead, with a store, and compare configurations in one
+run (bench/load_nodes.py; bench/README.md, "Serving in production").
+
 ``--profile`` (cProfile of the measured turns, one process) and ``--tracemalloc``
 (allocation sites of the idle sessions, and of the soak's growth) find where a figure
 comes from. Wall time is printed per phase and in total.
@@ -79,20 +83,11 @@ from typing import Any
 
 import trio
 from bench_common import version
+from load_agent import SHOW_PARAMETERS, make_agent
 
 import vrt
 
 HOST = "127.0.0.1"
-LOOKUP_PARAMETERS = {
-    "type": "object",
-    "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}},
-    "required": ["q"],
-}
-SHOW_PARAMETERS = {
-    "type": "object",
-    "properties": {"id": {"type": "string"}},
-    "required": ["id"],
-}
 TARGET_SESSIONS = 1000
 TARGET_P99 = 0.250
 TARGET_IDLE_KB = 50.0
@@ -102,12 +97,6 @@ TARGET_SOAK_GROWTH = 0.02
 
 SERVE_OPTIONS = {"max_sessions_per_peer": 100_000}
 """vrt.serve's defaults, but every session comes from one address here (127.0.0.1)."""
-
-
-@vrt.server_tool(risk="low", description="Looks something up", parameters=LOOKUP_PARAMETERS)
-async def lookup(args: Any, ctx: vrt.ToolContext) -> Any:
-    """The server tool: answers at once."""
-    return {"hits": 3}
 
 
 @dataclass
@@ -129,25 +118,6 @@ async def show(args: Any, ctx: vrt.ToolContext) -> Any:
     """The app tool: notes when its run starts and answers at once."""
     SESSION.get().started[ctx.call_id] = time.perf_counter()
     return {"shown": args["id"]}
-
-
-def make_agent(steps: int, turns: int) -> vrt.Agent:
-    """``turns`` turns of ``steps`` steps (words, a lookup, a show), each turn then an
-    empty step. The model plays the script from its start for every session."""
-    script: list[list[Any]] = []
-    for turn in range(turns):
-        for step in range(steps):
-            script.append(
-                [
-                    vrt.say("Let me look that up. "),
-                    vrt.call("lookup", {"q": f"item {turn}.{step}", "limit": 5}, chunks=2),
-                    vrt.call("show", {"id": f"item-{turn}-{step}"}),
-                ]
-            )
-        script.append([])
-    return vrt.define_agent(
-        model=vrt.ScriptedModel(script), tools=[lookup], client_tools="accept", max_steps=steps + 1
-    )
 
 
 # -- figures -------------------------------------------------------------------------------------
@@ -1016,7 +986,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--soak", type=float, default=0.0, help="then run turns for this many minutes (0)")
     add("--soak-think", type=float, default=30.0, help="seconds between soak turns (30)")
     add("--every", type=float, default=30.0, help="seconds between soak rows (30)")
-    add("--recycle", type=int, default=0, help="soak: a new session every N turns (0: never)")
+    add(
+        "--recycle",
+        type=int,
+        default=None,
+        help="a new session every N turns (0: never; soak 0, --compare and --store 20)",
+    )
     add("--turn-timeout", type=float, default=30.0, help="a longer turn is an error (30 s)")
     add("--connect-timeout", type=float, default=30.0, help="a slower connect is an error (30 s)")
     add("--seed", type=int, default=1, help="random seed of the think times (1)")
@@ -1027,15 +1002,53 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--tracemalloc", action="store_true", help="allocation sites of idle sessions and soak")
     add("--top", type=int, default=30, help="rows --profile shows (30)")
     add("--quick", action="store_true", help="a smoke run: 100 sessions, 2 turns, think 1 s")
+    group = parser.add_argument_group(
+        "serving in production (bench/load_nodes.py; the server runs as vrt serve)"
+    )
+    add = group.add_argument
+    add("--workers", type=int, help="vrt serve --workers N (1; given alone: that server only)")
+    add("--store", help="vrt serve --store URL (redis://HOST:PORT), or auto: a redis-server")
+    add(
+        "--compare",
+        action="store_true",
+        help="1 worker without the store, 1 with it, --workers N with it: windows interleaved",
+    )
+    add("--client", choices=["light", "vrt"], default="light", help="the clients (light)")
+    add("--levels", default="50,200", help="sessions at think 0, one window each (50,200)")
+    add("--window", type=float, default=10.0, help="seconds of each window (10)")
+    add("--settle", type=float, default=2.0, help="seconds before a window (2)")
+    add("--rounds", type=int, default=2, help="rounds of windows, configurations interleaved (2)")
+    add("--rolling", action="store_true", help="then a rolling restart of the workers")
+    add("--rolling-sessions", type=int, default=200, help="vrt.connect sessions in it (200)")
+    add("--rolling-think", type=float, default=1.0, help="their think time (1 s)")
+    add("--rolling-pause", type=float, default=2.0, help="s between two workers' restarts (2)")
+    add("--logs", default="", help="keep the servers' logs (and --py-spy's) in this folder")
+    add("--py-spy", action="store_true", help="then a window with py-spy on the servers")
+    add = parser.add_argument
     add("--role", choices=["all", "clients"], default="all", help=argparse.SUPPRESS)
     add("--url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.think, args.idle = 100, 2, 1.0, 1.0
+    nodes = args.compare or args.store is not None or args.workers is not None or args.rolling
+    args.workers = args.workers or 1
+    if args.recycle is None:
+        args.recycle = 20 if nodes else 0
     # The script must hold every turn a session can run: the measured ones, and one per
     # half soak think time (the shortest wait) or per recycled session's turns.
     soak_turns = int(args.soak * 60 / max(0.5 * args.soak_think, 0.01)) + 2 if args.soak else 0
     args.script_turns = args.turns + soak_turns + 1
+    args.nodes = nodes
+    if args.nodes:
+        if args.workers > 1 and args.store is None:
+            parser.error("--workers above 1 needs --store (vrt serve refuses it)")
+        if args.rolling and (args.store is None or args.workers < 2):
+            parser.error("--rolling needs --workers 2 or more and --store")
+        args.levels = [int(level) for level in args.levels.split(",") if level]
+        if max(args.levels, default=0) > args.sessions:
+            parser.error("--levels: more sessions than --sessions")
+        # Every turn a session can run (at think 0 a few thousand), or --recycle's.
+        args.script_turns = args.recycle + 1 if args.recycle else 5000
     return args
 
 
@@ -1046,6 +1059,11 @@ def main(argv: list[str] | None = None) -> None:
         gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
     if args.role == "clients":
         trio.run(clients_child, args)
+        return
+    if args.nodes:
+        import load_nodes
+
+        load_nodes.main(args)
         return
     print(
         f"vrt load benchmark: Python {platform.python_version()}, trio {version('trio')}, "
