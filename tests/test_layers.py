@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "vrt.check": BASE,
     "vrt._engine": BASE | {"vrt.models"},
     "vrt._net": BASE | {"vrt.models", "vrt._engine", "vrt._wire"},
-    "vrt.testing": BASE | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt"},
+    "vrt.mcp": BASE | {"vrt.models", "vrt._engine"},  # tools from MCP servers (an extra)
+    "vrt.testing": BASE | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt", "vrt.mcp"},
     "vrt._cli": BASE
     | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt.testing"}
     | {"vrt", "vrt.check"},

@@ -30,6 +30,15 @@ class InvalidArguments(VrtError):
     """A tool's arguments are not valid for it; the call's result is INVALID."""
 
 
+class ToolFailed(VrtError):
+    """Raised by a server tool to answer FAILED with exactly ``message`` (a failure the
+    tool reports, such as an MCP ``isError``: logged at INFO, not as the tool's bug)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 class CallAborted(VrtError):
     """Raised by ``ToolContext.committing()`` when the call's turn was already interrupted."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from vrt._engine.tools import (
     AppTool,
     Risk,
     ServerTool,
+    ToolSource,
     Validator,
     check_tool,
     compile_validate,
@@ -19,6 +21,8 @@ from vrt._engine.tools import (
 )
 from vrt._errors import DefinitionError
 from vrt.models import Model, ToolSpec
+
+log = logging.getLogger("vrt")
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +94,39 @@ class Agent:
     max_steps: int
     registry: dict[str, RegisteredTool] = attrs.field(repr=False)
     specs: tuple[ToolSpec, ...] = attrs.field(repr=False)
+    sources: tuple[ToolSource, ...] = attrs.field(default=(), repr=False)
+    """The live sources among the tools (MCP servers), in order of their first tool."""
+
+    def versions(self) -> tuple[int, ...]:
+        """The sources' versions now (a change means new tools for the next step)."""
+        return tuple(source.version for source in self.sources)
+
+    def tools_now(self) -> tuple[dict[str, RegisteredTool], tuple[ToolSpec, ...]]:
+        """The registry and the specs of the agent's tools as they are now: the fixed
+        ones, and each source's current tools in the place of those it had. A source's
+        new tool whose name another tool has, or that is not a valid tool, is left out
+        (logged): a model step is never offered a clash."""
+        registry: dict[str, RegisteredTool] = {}
+        specs: list[ToolSpec] = []
+        seen: set[int] = set()
+        for tool in self.tools:
+            source = tool.source
+            group = [tool] if source is None else [] if id(source) in seen else source.current()
+            if source is not None:
+                seen.add(id(source))
+            for one in group:
+                if one.name in registry:
+                    log.warning("tool %r from %s clashes with another: left out", one.name, source)
+                    continue
+                try:
+                    registered = register(one)
+                except DefinitionError as exc:
+                    log.warning("tool %r from %s left out: %s", one.name, source, exc)
+                    continue
+                registry[one.name] = registered
+                specs.append(ToolSpec(name=one.name, description=one.description,
+                                      parameters=one.parameters))  # fmt: skip
+        return registry, tuple(specs)
 
 
 def define_agent(
@@ -127,15 +164,13 @@ def define_agent(
             )
         if not isinstance(tool, ServerTool):
             raise DefinitionError(f"tools must be vrt.ServerTool, not {tool!r}")
-        check_tool(tool)
         if tool.name in registry:
             raise DefinitionError(f"two server tools are named {tool.name!r}")
-        where = f"server tool {tool.name!r}"
-        registry[tool.name] = RegisteredTool(
-            tool=tool,
-            check_schema=schema_validator(tool.parameters),
-            validate=compile_validate(tool.validate, where),
-        )
+        registry[tool.name] = register(tool)
+    sources: dict[int, ToolSource] = {}
+    for tool in tools:
+        if tool.source is not None:
+            sources.setdefault(id(tool.source), tool.source)
     return Agent(
         model=model,
         tools=tuple(tools),
@@ -148,4 +183,17 @@ def define_agent(
         specs=tuple(
             ToolSpec(name=t.name, description=t.description, parameters=t.parameters) for t in tools
         ),
+        sources=tuple(sources.values()),
+    )
+
+
+def register(tool: ServerTool) -> RegisteredTool:
+    """``tool`` checked, its validators compiled; :class:`DefinitionError` if it is not a
+    valid server tool."""
+    check_tool(tool)
+    where = f"server tool {tool.name!r}"
+    return RegisteredTool(
+        tool=tool,
+        check_schema=schema_validator(tool.parameters),
+        validate=compile_validate(tool.validate, where),
     )

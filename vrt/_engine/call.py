@@ -20,7 +20,7 @@ from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt._core.tables import TOOL_CALL
 from vrt._engine.agent import Allow, CallInfo, Reject, Rewrite
 from vrt._engine.context import Signal, ToolContext
-from vrt._errors import InvalidArguments, InvalidTransition
+from vrt._errors import InvalidArguments, InvalidTransition, ToolFailed
 
 if TYPE_CHECKING:
     from vrt._core.results import Kind
@@ -87,7 +87,7 @@ class Call:
         self.call_id = call_id
         self.name = name
         session = turn.session
-        self.tool: RegisteredTool | None = session.agent.registry.get(name)
+        self.tool: RegisteredTool | None = session.registry.get(name)
         self.app: RegisteredApp | None = None
         if self.tool is None:
             self.app = session.app_tools.get(name)
@@ -385,6 +385,9 @@ class Call:
             return ToolResult.failure(
                 ResultCode.TIMEOUT, f"no result within {tool.timeout:g} s; the run was cancelled"
             )
+        except ToolFailed as exc:  # a failure the tool reports (an MCP isError)
+            log.info("server tool %r failed (call %s): %s", self.name, self.call_id, exc.message)
+            return ToolResult.failure(ResultCode.FAILED, exc.message)
         except Exception as exc:
             _failed(f"server tool {self.name!r}", self.call_id, exc)
             return ToolResult.failure(ResultCode.FAILED, _describe(exc))

@@ -61,6 +61,10 @@ class Session:
                 spec.name: RegisteredApp(spec=spec, check_schema=schema_validator(spec.parameters))
                 for spec in app_tools
             }
+        self.registry = agent.registry
+        """The server tools of the current model step (those of live sources change only
+        between steps: :meth:`request`)."""
+        self._versions = agent.versions()
         self.specs: tuple[ToolSpec, ...] = agent.specs + tuple(
             app.spec for app in self.app_tools.values()
         )
@@ -367,7 +371,10 @@ class Session:
             self.history, self._sizes, self._history_size = history[cut:], sizes[cut:], total
 
     def request(self, turn: Turn, step: int) -> ModelRequest:
-        """The model request for one step of ``turn``."""
+        """The model request for one step of ``turn``: between two steps is where the
+        tools of a live source (an MCP server whose list changed) are taken up."""
+        if self.agent.sources:
+            self._tools_now()
         return ModelRequest(
             instructions=self.agent.instructions,
             tools=self.specs,
@@ -375,6 +382,22 @@ class Session:
             session_id=self.session_id,
             turn_id=turn.turn_id,
             step=step,
+        )
+
+    def _tools_now(self) -> None:
+        versions = self.agent.versions()
+        if versions == self._versions:
+            return
+        self._versions = versions
+        registry, specs = self.agent.tools_now()
+        clash = [name for name in registry if name in self.app_tools]
+        for name in clash:  # the client's app tool came first: it keeps its name
+            log.warning("session %s: server tool %r clashes with an app tool: left out",
+                        self.session_id, name)  # fmt: skip
+            del registry[name]
+        self.registry = registry
+        self.specs = tuple(spec for spec in specs if spec.name in registry) + tuple(
+            app.spec for app in self.app_tools.values()
         )
 
     async def confirm(self, call_id: str, request: ConfirmRequest) -> tuple[bool, str | None]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 import cattrs
@@ -53,6 +53,20 @@ class ServerTool:
     run: RunFn
     validate: Any = None
     timeout: float | None = None
+    source: ToolSource | None = attrs.field(default=None, eq=False, repr=False)
+    """Where the tool came from, when that can change its tools (an MCP server:
+    ``vrt.mcp``): the agent takes the source's current tools at each model step."""
+
+
+class ToolSource(Protocol):
+    """A live set of server tools (``vrt.mcp.McpServer``): ``version`` changes whenever
+    :meth:`current` does."""
+
+    version: int
+
+    def current(self) -> Sequence[ServerTool]:
+        """The source's tools now."""
+        ...
 
 
 @attrs.frozen(kw_only=True)
