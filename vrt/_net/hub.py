@@ -212,9 +212,7 @@ class Hub:
         if len(self.sessions) >= options.max_sessions and not self._make_room(None):
             log.info("refused a session: at max_sessions (%d)", options.max_sessions)
             return False
-        if self.by_peer.get(peer, 0) >= options.max_sessions_per_peer and not self._make_room(
-            peer
-        ):
+        if self.by_peer.get(peer, 0) >= options.max_sessions_per_peer and not self._make_room(peer):
             log.info(
                 "refused a session of %s: at max_sessions_per_peer (%d)",
                 _shown(peer),
