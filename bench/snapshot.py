@@ -4,15 +4,17 @@ Run it as ``python bench/snapshot.py`` (``--turns N``, 200 by default). One in-p
 ``vrt.serve`` with a ``MemoryStore`` (no network to the store: the server's own cost) and
 one ``vrt.connect`` session running bench/load.py's turns (2 steps: words, a server call
 and an app call each) back to back. Every save at a turn boundary (one at the turn's start,
-one at its end) goes through ``vrt._net.handover.snapshot``, which this script wraps (in
-this process only) to time it and to note the size of what it wrote; the table shows them
-at a few points of the session's life, beside the frames a turn sends the client.
+one at its end) encodes the session's state (``encode_state``) and the history items the
+store lacks (``encode_item``), which this script wraps (in this process only) to time
+them, and writes them (``MemoryStore.save``, wrapped to note the bytes written); the
+table shows them at a few points of the session's life.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import time
 from typing import Any
 
@@ -28,18 +30,36 @@ POINTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
 async def run(turns: int) -> list[tuple[int, int, int, float]]:
-    """(history items, replay entries, bytes, seconds) of every save."""
+    """(history items stored, replay entries, bytes written, seconds encoding) of every
+    save."""
     saves: list[tuple[int, int, int, float]] = []
-    original = vrt._net.actor.snapshot
+    spent = [0.0]
+    state_of, item_of = vrt._net.actor.encode_state, vrt._net.actor.encode_item
 
-    def timed(state: Any, limit: int) -> bytes:
+    def timed_state(state: Any, limit: int) -> bytes:
         start = time.perf_counter()
-        data: bytes = original(state, limit)
-        seconds = time.perf_counter() - start
-        saves.append((len(state.history), len(state.replay), len(data), seconds))
+        data: bytes = state_of(state, limit)
+        spent[0] += time.perf_counter() - start
         return data
 
-    vrt._net.actor.snapshot = timed  # type: ignore[assignment]
+    def timed_item(item: Any) -> bytes:
+        start = time.perf_counter()
+        data: bytes = item_of(item)
+        spent[0] += time.perf_counter() - start
+        return data
+
+    class Store(MemoryStore):
+        async def save(self, *args: Any, items: Any = (), **kwargs: Any) -> bool:
+            kept = await super().save(*args, items=items, **kwargs)
+            record = self._sessions[args[0]][0]
+            replay = json.loads(record.state)["replay"]
+            size = len(record.state) + sum(len(item) for item in items)
+            saves.append((len(record.history), len(replay), size, spent[0]))
+            spent[0] = 0.0
+            return kept
+
+    vrt._net.actor.encode_state = timed_state  # type: ignore[assignment]
+    vrt._net.actor.encode_item = timed_item  # type: ignore[assignment]
     try:
         agent = make_agent(2, turns + 1)
         async with trio.open_nursery() as nursery:
@@ -49,7 +69,7 @@ async def run(turns: int) -> list[tuple[int, int, int, float]]:
                     agent,
                     "127.0.0.1",
                     0,
-                    store=MemoryStore(),
+                    store=Store(),
                     node="a",
                     max_messages_per_second=1e6,  # turns back to back: over the default rate
                 )
@@ -62,7 +82,8 @@ async def run(turns: int) -> list[tuple[int, int, int, float]]:
                             break
             nursery.cancel_scope.cancel()
     finally:
-        vrt._net.actor.snapshot = original
+        vrt._net.actor.encode_state = state_of
+        vrt._net.actor.encode_item = item_of
     return saves
 
 
@@ -76,7 +97,7 @@ def main() -> None:
         f"{vrt.__file__.rsplit('/', 2)[0]}"
     )
     print(
-        f"  {'after turn':>10} {'history items':>14} {'replay':>7} {'bytes':>9} {'snapshot()':>11}"
+        f"  {'after turn':>10} {'history items':>14} {'replay':>7} {'written':>9} {'encoding':>11}"
     )
     for turn in POINTS:
         index = 2 * turn - 1  # the save at the end of that turn
@@ -87,7 +108,7 @@ def main() -> None:
     spent = sum(seconds for *_, seconds in saves)
     print(
         f"  {len(saves)} saves, {total / max(1, args.turns):,.0f} B and "
-        f"{spent / max(1, args.turns) * 1e3:.2f} ms of snapshot() per turn on average over the "
+        f"{spent / max(1, args.turns) * 1e3:.2f} ms of encoding per turn on average over the "
         "session (two saves a turn)"
     )
 

@@ -170,4 +170,10 @@ async def vrt_serve(log: Path, target: str, *flags: str) -> AsyncIterator[tuple[
                 process.kill()
                 await process.wait()
     text = await trio.Path(log).read_text()
-    assert " ERROR " not in text and "Traceback" not in text, text[-4000:]
+    assert " ERROR " not in text and "Traceback" not in text, _first_error(text)
+
+
+def _first_error(text: str) -> str:
+    """The log around its first ERROR or traceback (what a failed test shows)."""
+    at = min(i for i in (text.find(" ERROR "), text.find("Traceback")) if i >= 0)
+    return text[max(0, at - 1000) : at + 3000]

@@ -377,3 +377,28 @@ async def test_a_scripted_model_goes_on_where_it_was_after_a_move() -> None:
         nursery.cancel_scope.cancel()
     assert texts(events.events, first.turn_id) == "one"
     assert texts(events.events, second.turn_id) == "two"
+
+
+async def test_a_trimmed_history_moves_item_by_item() -> None:
+    """Saves write what a turn added and trim what the session dropped: after a move the
+    new node's model sees the same history, its oldest turns dropped as the old node's
+    would have (max_history_bytes), none twice, in order."""
+    async with nodes(2, max_history_bytes=3000) as ([a, b], _), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                for i in range(8):
+                    await client.send_text(f"input {i} " + "x" * 400)
+                    await until(events, ended)
+                move(proxy, b, cut=False)
+                a.server.drain()
+                await until(events, lambda e: isinstance(e, vrt.Resumed))
+                await client.send_text("input 8")
+                await until(events, ended)
+    before = a.model.requests[-1].history
+    after = b.model.requests[-1].history
+    texts_after = [h.text for h in after if isinstance(h, vrt.models.UserInput)]
+    assert texts_after[-1] == "input 8" and len(texts_after) < 9  # the oldest dropped
+    numbers = [int(t.split()[1]) for t in texts_after]
+    assert numbers == list(range(numbers[0], 9))  # a contiguous, ordered suffix
+    assert list(after[: len(after) - 2]) == list(before[len(before) - (len(after) - 2) :])

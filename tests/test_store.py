@@ -67,6 +67,33 @@ async def test_owners_change_only_by_compare_and_set(store: Store) -> None:
     assert await store.load(s) is None
 
 
+async def test_the_history_is_appended_and_trimmed_item_by_item(store: Store) -> None:
+    """A save writes what changed: items added at the end, the oldest dropped from the
+    front; a load or a claim gets them all, in order. The same save written twice (a
+    timeout that hid a success) changes nothing; a save that would leave a hole fails."""
+    s = sid()
+    assert await store.save(s, "a", "a", b"v1", 5, items=[b"i0", b"i1", b"i2"])
+    assert await store.save(s, "a", "a", b"v2", 5, front=2, first=3, items=[b"i3"])
+    assert await store.load(s) == Saved(owner="a", state=b"v2", history=(b"i2", b"i3"), front=2)
+    assert await store.save(s, "a", "a", b"v2", 5, front=2, first=3, items=[b"i3"])  # again
+    assert await store.save(s, "a", "a", b"v2", 5, front=2, first=2, items=[b"i2", b"i3"])
+    assert await store.load(s) == Saved(owner="a", state=b"v2", history=(b"i2", b"i3"), front=2)
+    many = [bytes([n]) for n in range(256)] * 5
+    assert await store.save(s, "a", "", b"v3", 5, front=2, first=4, items=many)
+    claimed = await store.claim(s, "", "b")
+    assert claimed is not None and claimed.history[:2] == (b"i2", b"i3")
+    assert len(claimed.history) == 2 + 1280 and claimed.history[-1] == b"\xff"
+    assert claimed.front == 2
+    assert not await store.save(s, "a", "a", b"v4", 5, front=100)  # not a's: nothing trimmed
+    assert len((await store.load(s) or claimed).history) == 1282
+    # b drops everything stored and more: the history starts again at its new front
+    assert await store.save(s, "b", "b", b"v5", 5, front=2000, first=2000, items=[b"x"])
+    assert await store.load(s) == Saved(owner="b", state=b"v5", history=(b"x",), front=2000)
+    with pytest.raises(StoreError):
+        await store.save(s, "b", "b", b"v6", 5, front=2000, first=2005, items=[b"y"])
+    assert await store.load(s) == Saved(owner="b", state=b"v5", history=(b"x",), front=2000)
+
+
 async def test_records_expire_unless_touched(store: Store) -> None:
     kept, dropped = sid(), sid() + "x"
     for s in (kept, dropped):

@@ -93,6 +93,10 @@ class Session:
         (``vrt.serve``: a session's memory stays bounded, whatever its client sends)."""
         self._sizes: list[int] = []  # each history item's size, while there is a limit
         self._history_size = 0
+        self.history_offset = 0
+        """How many items the history has dropped from its front since the conversation
+        began (``history[0]`` is item number ``history_offset``): what a store that keeps
+        the history item by item trims."""
         self.subscribers: list[trio.MemorySendChannel[Event]] = []
         self.listeners: list[Callable[[Event], None]] = []
         # Those of them that take the legacy ToolPreview events (by default, all).
@@ -286,13 +290,20 @@ class Session:
         return self._turns
 
     def restore(
-        self, history: Iterable[HistoryItem], *, epoch: int, turns: int, model_state: Any = None
+        self,
+        history: Iterable[HistoryItem],
+        *,
+        epoch: int,
+        turns: int,
+        model_state: Any = None,
+        history_offset: int = 0,
     ) -> None:
-        """Go on from a saved session (another process ran it): its history, epoch and turn
-        count, and what the model kept for it (``restore_session``, if the model has it).
-        Before the first turn only."""
+        """Go on from a saved session (another process ran it): its history (whose first
+        item is number ``history_offset``), epoch and turn count, and what the model kept
+        for it (``restore_session``, if the model has it). Before the first turn only."""
         if self._turns or self.history:
             raise RuntimeError("a session is restored before its first turn only")
+        self.history_offset = history_offset
         self.record(*history)
         for item in self.history:
             if isinstance(item, CallRecord):
@@ -369,6 +380,7 @@ class Session:
         if cut:
             log.info("session %s: the oldest %d history items dropped", self.session_id, cut)
             self.history, self._sizes, self._history_size = history[cut:], sizes[cut:], total
+            self.history_offset += cut
 
     def request(self, turn: Turn, step: int) -> ModelRequest:
         """The model request for one step of ``turn``: between two steps is where the

@@ -24,10 +24,19 @@ from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded
 from vrt._core.previews import Previews
 from vrt._core.results import ResultCode, ToolResult
 from vrt._engine.call import Call
+from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
 from vrt._errors import SessionClosed
 from vrt._net.frames import messages_of
-from vrt._net.handover import State, TooLarge, limit_bytes, principal_hash, snapshot, token_hash
+from vrt._net.handover import (
+    State,
+    TooLarge,
+    encode_item,
+    encode_state,
+    limit_bytes,
+    principal_hash,
+    token_hash,
+)
 from vrt._net.link import Link, RateLimit, send_and_close
 from vrt._net.pumps import cancelled
 from vrt._net.relay import HANDOVER_CLOSE
@@ -104,7 +113,11 @@ class SessionActor:
         may take 12 bytes escaped: an emoji is written as two \\u escapes)."""
         # With a store: the state saved at the last turn boundary, not yet written, and
         # the lock that keeps saves (and the handover's last one) in order.
-        self._unsaved: tuple[bytes, int] | None = None
+        self._unsaved: _Unsaved | None = None
+        self._stored = 0
+        """The number of the history item after the last one the store holds."""
+        if restored is not None:
+            self._stored = restored.history_offset + len(restored.history)
         self._save_wanted: trio.Event | None = None
         self._save_lock = trio.Lock()
         self._held: list[str | bytes] | None = None
@@ -234,6 +247,7 @@ class SessionActor:
                 epoch=restored.epoch,
                 turns=restored.turns,
                 model_state=restored.model,
+                history_offset=restored.history_offset,
             )
             self._turned = restored.turned
         session.run_in(nursery)
@@ -441,7 +455,8 @@ class SessionActor:
             turns=session.turns,
             open_turn=open_turn,
             turned=self._turned,
-            history=tuple(session.history),
+            history=(),  # saved item by item (see _Unsaved)
+            history_offset=session.history_offset,
             sent_seq=proto.sent_seq,
             received_seq=proto.received_seq,
             acked_by_peer=proto.acked_by_peer,
@@ -450,29 +465,56 @@ class SessionActor:
             model=session.model_state(),
         )
 
-    def _snapshot(self, open_turn: str | None) -> bytes | None:
-        options = self.options
+    def _snapshot(self, open_turn: str | None) -> _Unsaved | None:
+        """The session at this boundary, to be written: its state now, and its history as
+        it is now (the items are encoded when written, only those the store lacks)."""
+        session = self.session
+        assert session is not None
         try:
-            return snapshot(
-                self.state(open_turn),
-                limit_bytes(options.max_history_bytes, options.replay_limit_bytes),
-            )
+            data = encode_state(self.state(open_turn), limit_bytes(self.options.replay_limit_bytes))
         except TooLarge as exc:
             log.warning("session %s: not saved (%s): it cannot move", self.log_id, exc)
             return None
+        return _Unsaved(
+            data, self.proto.received_seq, session.history_offset, Snapshot(session.history)
+        )
 
     def _boundary(self, open_turn: str | None) -> None:
         """A turn started or ended: save the session (by the saver task, in order); at the
         end of a turn, hand it over if asked to."""
         if not self.proto.in_session or self.handed_over:
             return
-        data = self._snapshot(open_turn)
-        if data is not None:
-            self._unsaved = (data, self.proto.received_seq)
+        unsaved = self._snapshot(open_turn)
+        if unsaved is not None:
+            self._unsaved = unsaved
             assert self._save_wanted is not None
             self._save_wanted.set()
         if open_turn is None and self.move_at_boundary and self._nursery is not None:
             self._nursery.start_soon(self.hand_over)
+
+    async def _write(self, unsaved: _Unsaved, owner: str) -> bool:
+        """Write ``unsaved`` (under the save lock): its state, and of its history what the
+        store lacks (the front it dropped since, the items it added). False if another
+        node owns the session now; :class:`StoreError` if the store failed (then the next
+        save writes what this one would have: the store skips the items it has, so a
+        save that timed out but was written does no harm)."""
+        node = self.hub.node
+        assert node is not None
+        offset, history = unsaved.history_offset, unsaved.history
+        first = max(self._stored, offset)
+        kept = await node.store.save(
+            self.proto.session_id,
+            node.name,
+            owner,
+            unsaved.state,
+            node.record_ttl,
+            front=offset,
+            first=first,
+            items=[encode_item(item) for item in history[first - offset :]],
+        )
+        if kept:
+            self._stored = offset + len(history)
+        return kept
 
     async def _saver(self) -> None:
         """Write each boundary's state to the store, the newest only when several wait."""
@@ -486,11 +528,8 @@ class SessionActor:
                 unsaved, self._unsaved = self._unsaved, None
                 if unsaved is None or self.handed_over:
                     continue
-                data, received = unsaved
                 try:
-                    kept = await node.store.save(
-                        self.proto.session_id, node.name, node.name, data, node.record_ttl
-                    )
+                    kept = await self._write(unsaved, node.name)
                 except StoreError as exc:
                     log.warning("session %s: not saved: %s", self.log_id, exc)
                     continue
@@ -499,7 +538,7 @@ class SessionActor:
                 continue
             # What is saved is safe: the client may forget it (see Endpoint.ack_limit).
             proto = self.proto
-            proto.ack_limit = max(proto.ack_limit or 0, received)
+            proto.ack_limit = max(proto.ack_limit or 0, unsaved.received)
             if proto.ack_due:
                 self.hub.acks.due(self._send_ack)
 
@@ -527,15 +566,14 @@ class SessionActor:
         if node is None or self.handed_over or not self.proto.in_session or not self.idle:
             return False
         async with self._save_lock:
-            data = self._snapshot(None)
-            if data is None or not self.idle:
+            unsaved = self._snapshot(None)
+            if unsaved is None or not self.idle:
                 return False
             self._unsaved = None
             self._held = []
+            kept: bool | None
             try:
-                kept = await node.store.save(
-                    self.proto.session_id, node.name, "", data, node.record_ttl
-                )
+                kept = await self._write(unsaved, "")
             except StoreError as exc:
                 log.warning("session %s: cannot hand over: %s", self.log_id, exc)
                 kept = None
@@ -747,6 +785,21 @@ class SessionActor:
             return ToolResult.failure(ResultCode.FAILED, message)
         self.flush()
         return pending
+
+
+class _Unsaved:
+    """A boundary's save, not yet written: the state's bytes, the client seq they hold,
+    and the history then (its first item's number, and an O(1) snapshot of the items)."""
+
+    __slots__ = ("history", "history_offset", "received", "state")
+
+    def __init__(
+        self, state: bytes, received: int, history_offset: int, history: Snapshot[Any]
+    ) -> None:
+        self.state = state
+        self.received = received
+        self.history_offset = history_offset
+        self.history = history
 
 
 class _Pending:

@@ -1,18 +1,20 @@
 """A session's saved state: what another process needs to go on with it (``handover-v1``).
 
-:func:`snapshot` writes, at a turn boundary, everything a session is between turns: the
-engine's (history, epoch, turn count, whether a turn is open, the model's own state for
-the session) and the protocol's (capabilities, app tools, seq numbering both ways, the
-messages the client has not acked). :func:`restore` reads it back into the parts a
-:class:`~vrt._net.actor.SessionActor` is made of. The resume token is kept only as its
-SHA-256 (it never reaches the store); the resuming client proves it has the token and the
-adopting process takes it from there. The principal is kept as the SHA-256 of its
-``repr``: a resume must come with an equal one (a principal with a stable ``repr``, such
-as a user id, compares across processes).
+Two parts. The **state** (:func:`encode_state`, a few kilobytes, written whole at every
+turn boundary): the engine's epoch, turn count, whether a turn is open, pending inputs
+and what the model keeps for the session, and the protocol's capabilities, app tools,
+seq numbering both ways and the messages the client has not acked. The **history**
+(:func:`encode_item`, one record an item, appended as it grows and trimmed at its front
+as the session drops its oldest turns): a save costs what the turn added, not the whole
+conversation again. :func:`restore` reads both back. The resume token is kept only as
+its SHA-256 (it never reaches the store); the resuming client proves it has the token
+and the adopting process takes it from there. The principal is kept as the SHA-256 of
+its ``repr``: a resume must come with an equal one (a principal with a stable ``repr``,
+such as a user id, compares across processes).
 
-The format is JSON, versioned (``v``). It is bounded: the history by the server's
-``max_history_bytes`` and the replay buffer by ``replay_limit_bytes``, each about doubled
-by escaping; :func:`snapshot` refuses (:class:`TooLarge`) beyond :func:`limit_bytes`.
+The format is JSON, versioned (``v``). The state is bounded by the replay buffer's
+``replay_limit_bytes`` (about doubled by escaping; :class:`TooLarge` beyond
+:func:`limit_bytes`), the history by the server's ``max_history_bytes``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -28,7 +31,7 @@ from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt.models import AgentText, HistoryItem, TurnInterrupted, UserInput
 from vrt.models._render import strict_json
 
-VERSION = 1
+VERSION = 2
 
 
 class TooLarge(Exception):
@@ -53,6 +56,9 @@ class State:
     turned: bool
     """A turn was ever asked for (the first-turn limit no longer applies)."""
     history: tuple[HistoryItem, ...]
+    history_offset: int
+    """The number of the first item of ``history`` in the conversation (the items before
+    it were dropped, oldest turns first)."""
     sent_seq: int
     received_seq: int
     acked_by_peer: int
@@ -80,13 +86,14 @@ def principal_hash(principal: Any) -> str | None:
     return hashlib.sha256(repr(principal).encode("utf-8", "backslashreplace")).hexdigest()
 
 
-def limit_bytes(max_history_bytes: int, replay_limit_bytes: int) -> int:
-    """The most bytes one saved session may take."""
-    return 2 * (max_history_bytes + replay_limit_bytes) + 256 * 1024
+def limit_bytes(replay_limit_bytes: int) -> int:
+    """The most bytes one session's state (its history apart) may take."""
+    return 2 * replay_limit_bytes + 256 * 1024
 
 
-def snapshot(state: State, limit: int) -> bytes:
-    """``state`` as the bytes the store keeps; :class:`TooLarge` over ``limit``."""
+def encode_state(state: State, limit: int) -> bytes:
+    """``state`` but its history, as the store keeps it; :class:`TooLarge` over
+    ``limit``."""
     data = {
         "v": VERSION,
         "session": state.session_id,
@@ -98,7 +105,7 @@ def snapshot(state: State, limit: int) -> bytes:
         "turns": state.turns,
         "open": state.open_turn,
         "turned": state.turned,
-        "history": [_item(item) for item in state.history],
+        "base": state.history_offset,
         "seq": [state.sent_seq, state.received_seq, state.acked_by_peer],
         "replay": [list(entry) for entry in state.replay],
         "inputs": list(state.inputs),
@@ -110,8 +117,26 @@ def snapshot(state: State, limit: int) -> bytes:
     return text.encode()
 
 
-def restore(data: bytes) -> State:
-    """Saved bytes back into a :class:`State`; ValueError if they are not one."""
+def encode_item(item: HistoryItem) -> bytes:
+    """One history item as the store keeps it."""
+    return strict_json(_item(item)).encode()
+
+
+def checks(data: bytes) -> tuple[str, str | None]:
+    """The token and principal hashes of a saved state (what a resume is checked
+    against, before anything else is read); ValueError if it is not one."""
+    try:
+        raw = json.loads(data)
+        if raw.get("v") != VERSION:
+            raise ValueError(f"saved in format {raw.get('v')!r}, not {VERSION}")
+        return str(raw["token"]), raw["principal"]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not a saved session: {exc}") from None
+
+
+def restore(data: bytes, history: Sequence[bytes] = ()) -> State:
+    """A saved state and its history back into a :class:`State`; ValueError if they are
+    not one."""
     try:
         raw = json.loads(data)
         if raw.get("v") != VERSION:
@@ -127,7 +152,8 @@ def restore(data: bytes) -> State:
             turns=int(raw["turns"]),
             open_turn=raw["open"],
             turned=bool(raw["turned"]),
-            history=tuple(_history_item(item) for item in raw["history"]),
+            history=tuple(_history_item(json.loads(item)) for item in history),
+            history_offset=int(raw["base"]),
             sent_seq=int(sent),
             received_seq=int(received),
             acked_by_peer=int(acked),
@@ -135,7 +161,7 @@ def restore(data: bytes) -> State:
             inputs=tuple(str(text) for text in raw["inputs"]),
             model=raw.get("model"),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a saved session: {exc}") from None
 
 
@@ -154,9 +180,9 @@ def _item(item: HistoryItem) -> dict[str, Any]:
         "kind": item.kind,
         "arguments": item.arguments,
         "ok": result.ok,
-        # What the model reads of an output is its JSON text (vrt.models renders it with
-        # str() for what is not JSON): the same text after a move.
-        "output": json.loads(strict_json(result.output)),
+        # Written as the model reads it (encode_item: str() for what is not JSON, NaN
+        # as null), so the text it reads is the same after a move.
+        "output": result.output,
         "code": None if result.code is None else str(result.code),
         "message": result.message,
     }

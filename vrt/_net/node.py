@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import trio
 
-from vrt._net.handover import State, principal_hash, restore, token_matches
+from vrt._net.handover import State, checks, principal_hash, restore, token_matches
 from vrt._net.store import Store, StoreError
 from vrt._wire import messages as m
 
@@ -136,12 +136,12 @@ class Node:
                 return None
             if not checked:
                 try:
-                    state = restore(saved.state)
+                    token, principal_of = checks(saved.state)
                 except ValueError as exc:
                     log.warning("session %s: its saved state is unreadable: %s", session_id, exc)
                     return None
-                if not token_matches(resume.token, state.token_hash) or (
-                    principal_hash(principal) != state.principal_hash
+                if not token_matches(resume.token, token) or (
+                    principal_hash(principal) != principal_of
                 ):
                     return None
                 checked = True
@@ -156,7 +156,7 @@ class Node:
             if claimed is None:
                 continue  # it changed meanwhile: look again
             try:
-                state = restore(claimed.state)
+                state = restore(claimed.state, claimed.history)
             except ValueError as exc:
                 log.warning("session %s: its saved state is unreadable: %s", session_id, exc)
                 return None

@@ -219,14 +219,13 @@ async def serve(
         )
     drain_timeout = positive_number("drain_timeout", drain_timeout, zero=True)
     the_store = open_store(store) if isinstance(store, str) else store
-    if reuse_port:
-        listeners = await _reuse_port_listeners(port, host)
-    else:
-        listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners: list[trio.SocketListener] = []
     relays: list[trio.SocketListener] = []
     try:
         node_ = None
         if the_store is not None:
+            # The store first: a worker that listened before it could serve would be
+            # handed connections by the kernel (SO_REUSEPORT) meanwhile.
             if isinstance(the_store, RedisStore):
                 await the_store.connect()
             bound_host = relay_host or _reachable(host)
@@ -238,11 +237,13 @@ async def serve(
                 if ":" in bound_host
                 else f"{bound_host}:{relay_port}"
             )
+        if reuse_port:
+            listeners = await _reuse_port_listeners(port, host)
+        else:
+            listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
             accepting = Accepting(options.max_pending_connections, options.max_pending_per_peer)
             hub = Hub(agent, options, nursery, accepting, node_)
-            for listener in listeners:
-                nursery.start_soon(accept_loop, listener, accepting, hub.handle_stream, nursery)
             drain = None
             if node_ is not None:
                 await nursery.start(node_.run)
@@ -254,6 +255,8 @@ async def serve(
                         accept_loop, listener, from_nodes, hub.handle_stream, nursery
                     )
                 drain = trio.Event()
+            public = trio.CancelScope()
+            await nursery.start(_accept_all, public, listeners, accepting, hub, nursery)
             bound = listeners[0].socket.getsockname()[1]
             server = Server(host=host, port=bound, node=node_.name if node_ else None, drain=drain)
             log.info("serving on %s%s", server.url, f" as node {node_.name}" if node_ else "")
@@ -263,6 +266,13 @@ async def serve(
             else:
                 await drain.wait()
                 log.info("draining: %d sessions to hand over", len(hub.sessions))
+                if reuse_port:
+                    # Workers share the port: the kernel sends new connections to the
+                    # others once this one no longer listens.
+                    public.cancel()
+                    with trio.CancelScope(shield=True):
+                        for listener in listeners:
+                            await listener.aclose()
                 await hub.drain(drain_timeout)
                 assert node_ is not None
                 await node_.stop()
@@ -274,6 +284,25 @@ async def serve(
                 await listener.aclose()
             if the_store is not None and isinstance(store, str):
                 await the_store.aclose()
+
+
+async def _accept_all(
+    scope: trio.CancelScope,
+    listeners: list[trio.SocketListener],
+    accepting: Accepting,
+    hub: Hub,
+    nursery: trio.Nursery,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The public listeners' accept loops (started before ``task_status``), until
+    ``scope`` is cancelled (a worker's drain); the connections' tasks run in
+    ``nursery``."""
+    with scope:
+        async with trio.open_nursery() as loops:
+            for listener in listeners:
+                loops.start_soon(accept_loop, listener, accepting, hub.handle_stream, nursery)
+            task_status.started()
 
 
 def _reachable(host: str) -> str:

@@ -5,11 +5,13 @@ valkey-glide for ``redis://`` and ``valkey://`` URLs, and :class:`MemoryStore`, 
 rules over a dict, for one process and for tests on Trio's clock. Both hold two kinds of
 record:
 
-- a **session**: its saved state (opaque bytes: :mod:`vrt._net.handover` writes and reads
-  them) and its **owner**, the node running it, or ``""`` once handed over (parked). Every
-  change of owner is a compare-and-set, so two nodes never both take a session, and a
-  node that lost a session (its lease ran out and another node adopted it) can no longer
-  overwrite it. A record expires ``ttl`` seconds after it was last saved or touched.
+- a **session**: its saved state and its history (opaque bytes: :mod:`vrt._net.handover`
+  writes and reads them; the history one record an item, appended and trimmed at its
+  front, so a save costs what changed) and its **owner**, the node running it, or ``""``
+  once handed over (parked). Every change of owner is a compare-and-set, so two nodes
+  never both take a session, and a node that lost a session (its lease ran out and
+  another node adopted it) can no longer overwrite it. A record expires ``ttl`` seconds
+  after it was last saved or touched.
 - a **node**: its relay address, kept while the node is alive by its heartbeat, and gone
   one lease after the node stopped (a crash), which is how another node knows it may
   adopt the node's sessions.
@@ -21,7 +23,7 @@ Every call has a deadline (``timeout``); a store that does not answer in time ra
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -42,10 +44,14 @@ class StoreError(VrtError):
 
 @attrs.frozen(kw_only=True)
 class Saved:
-    """A session's record: who owns it (``""``: nobody, it was handed over) and its state."""
+    """A session's record: who owns it (``""``: nobody, it was handed over), its state and
+    its history's items."""
 
     owner: str
     state: bytes
+    history: tuple[bytes, ...] = ()
+    front: int = 0
+    """The number of the history's first item (those before it were dropped)."""
 
 
 class Store(Protocol):
@@ -60,10 +66,24 @@ class Store(Protocol):
     async def forget_node(self, node: str) -> None:
         """``node`` stops (drained): its lease ends now."""
 
-    async def save(self, session_id: str, node: str, owner: str, state: bytes, ttl: float) -> bool:
+    async def save(
+        self,
+        session_id: str,
+        node: str,
+        owner: str,
+        state: bytes,
+        ttl: float,
+        *,
+        front: int = 0,
+        first: int = 0,
+        items: Sequence[bytes] = (),
+    ) -> bool:
         """Write the session's ``state`` and ``owner`` (``node`` itself, or ``""`` to hand it
         over), if ``node`` owns it or nobody has it yet; False (nothing written) if another
-        node took it."""
+        node took it. With them, the history: its items are numbered from the start of the
+        conversation; those before ``front`` are dropped, and of ``items`` (numbered from
+        ``first``) those the store lacks are appended. Writing the same save twice (a
+        timeout that hid a success) changes nothing the second time."""
 
     async def load(self, session_id: str) -> Saved | None:
         """The session's record, or None (never saved, deleted or expired)."""
@@ -130,6 +150,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._sessions: dict[str, tuple[Saved, float]] = {}
+        """Each session's record and when it expires (its history a tuple in the record)."""
         self._nodes: dict[str, tuple[str, float]] = {}
         self.saves = 0
         """How many saves were written (for tests)."""
@@ -159,12 +180,32 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         self._nodes.pop(node, None)
 
-    async def save(self, session_id: str, node: str, owner: str, state: bytes, ttl: float) -> bool:
+    async def save(
+        self,
+        session_id: str,
+        node: str,
+        owner: str,
+        state: bytes,
+        ttl: float,
+        *,
+        front: int = 0,
+        first: int = 0,
+        items: Sequence[bytes] = (),
+    ) -> bool:
         await trio.lowlevel.checkpoint()
         current = self._session(session_id)
         if current is not None and current.owner != node:
             return False
-        self._sessions[session_id] = (Saved(owner=owner, state=state), trio.current_time() + ttl)
+        history, at = (current.history, current.front) if current is not None else ((), front)
+        end = at + len(history)
+        if front > at:  # the oldest items dropped
+            history, at = history[front - at :], front
+            end = max(end, front)
+        if first > end:
+            raise StoreError(f"history items missing before {first}")
+        history += tuple(items[end - first :])
+        saved = Saved(owner=owner, state=state, history=history, front=at)
+        self._sessions[session_id] = (saved, trio.current_time() + ttl)
         self.saves += 1
         return True
 
@@ -177,7 +218,7 @@ class MemoryStore:
         current = self._session(session_id)
         if current is None or current.owner != expected:
             return None
-        claimed = Saved(owner=node, state=current.state)
+        claimed = attrs.evolve(current, owner=node)
         self._sessions[session_id] = (claimed, self._sessions[session_id][1])
         return claimed
 
@@ -200,22 +241,43 @@ class MemoryStore:
 
 # -- Redis / Valkey ------------------------------------------------------------------------------
 
-# Each owner change is one script: atomic on the server, one round trip.
+# Each change is one script: atomic on the server, one round trip. KEYS[1] is the
+# session's hash (owner, state), KEYS[2] its history (a list, an item each).
 _SAVE = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner and owner ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'state', ARGV[3])
+local found = redis.call('HMGET', KEYS[1], 'owner', 'front')
+if found[1] and found[1] ~= ARGV[1] then return 0 end
+if not found[1] then redis.call('DEL', KEYS[2]) end
+local front, first = tonumber(ARGV[5]), tonumber(ARGV[6])
+local at = tonumber(found[2] or ARGV[5])
+local stored = redis.call('LLEN', KEYS[2])
+local stop = at + stored
+if front > at and stop < front then stop = front end
+if first > stop then return redis.error_reply('history items missing before ' .. first) end
+if front > at then
+  redis.call('LTRIM', KEYS[2], front - at, -1)
+  at = front
+end
+for i = 7 + stop - first, #ARGV, 500 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'state', ARGV[3], 'front', at)
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
+_LOAD = """
+local found = redis.call('HMGET', KEYS[1], 'owner', 'state', 'front')
+if not found[2] then return false end
+return {found[1] or '', found[2], redis.call('LRANGE', KEYS[2], 0, -1), found[3] or '0'}
+"""
 _CLAIM = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner ~= ARGV[1] then return false end
+local found = redis.call('HMGET', KEYS[1], 'owner', 'state', 'front')
+if not found[2] or (found[1] or '') ~= ARGV[1] then return false end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2])
-return redis.call('HGET', KEYS[1], 'state')
+return {ARGV[2], found[2], redis.call('LRANGE', KEYS[2], 0, -1), found[3] or '0'}
 """
 _DELETE = """
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1], KEYS[2]) end
 return 1
 """
 
@@ -324,36 +386,44 @@ class RedisStore:
     async def forget_node(self, node: str) -> None:
         await self._call("delete", [_node_key(node)])
 
-    async def save(self, session_id: str, node: str, owner: str, state: bytes, ttl: float) -> bool:
+    async def save(
+        self,
+        session_id: str,
+        node: str,
+        owner: str,
+        state: bytes,
+        ttl: float,
+        *,
+        front: int = 0,
+        first: int = 0,
+        items: Sequence[bytes] = (),
+    ) -> bool:
         done = await self._script(
-            _SAVE, [_session_key(session_id)], [node, owner, state, str(_ms(ttl))]
+            _SAVE,
+            _keys(session_id),
+            [node, owner, state, str(_ms(ttl)), str(front), str(first), *items],
         )
         return bool(done)
 
     async def load(self, session_id: str) -> Saved | None:
-        found = await self._call("hgetall", _session_key(session_id))
-        if not found or b"state" not in found:
-            return None
-        return Saved(owner=bytes(found.get(b"owner", b"")).decode(), state=bytes(found[b"state"]))
+        return _saved(await self._script(_LOAD, _keys(session_id), []))
 
     async def claim(self, session_id: str, expected: str, node: str) -> Saved | None:
-        state = await self._script(_CLAIM, [_session_key(session_id)], [expected, node])
-        if state is None:
-            return None
-        return Saved(owner=node, state=bytes(state))
+        return _saved(await self._script(_CLAIM, _keys(session_id), [expected, node]))
 
     async def delete(self, session_id: str, node: str) -> None:
-        await self._script(_DELETE, [_session_key(session_id)], [node])
+        await self._script(_DELETE, _keys(session_id), [node])
 
     async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
         from glide import Batch
 
-        keys = [_session_key(s) for s in session_ids]
+        ids = list(session_ids)
         ms = _ms(ttl)
-        for start in range(0, len(keys), 500):  # one round trip per 500 sessions
+        for start in range(0, len(ids), 250):  # one round trip per 250 sessions
             batch = Batch(is_atomic=False)
-            for key in keys[start : start + 500]:
-                batch.pexpire(key, ms)
+            for session_id in ids[start : start + 250]:
+                for key in _keys(session_id):
+                    batch.pexpire(key, ms)
             await self._call("exec", batch, False)
 
     async def aclose(self) -> None:
@@ -365,6 +435,26 @@ class RedisStore:
                     await client.close()
                 except Exception:  # closing: nothing left to tell anyone
                     pass
+
+
+def _keys(session_id: str) -> list[str]:
+    """A session's two keys: its hash (``vrt:session:ID``), its history list
+    (``vrt:history:ID``). One script uses both: a single Redis or Valkey node, or a
+    cluster's one shard (no hash tags yet)."""
+    return [_session_key(session_id), f"{KEY_PREFIX}history:{session_id}"]
+
+
+def _saved(found: Any) -> Saved | None:
+    """A load or claim script's answer as a record."""
+    if not found:
+        return None
+    owner, state, history, front = found
+    return Saved(
+        owner=bytes(owner).decode(),
+        state=bytes(state),
+        history=tuple(bytes(item) for item in history),
+        front=int(front),
+    )
 
 
 def _ms(seconds: float) -> int:
