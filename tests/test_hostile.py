@@ -263,11 +263,13 @@ def _two_turns() -> vrt.Agent:
     )
 
 
-@pytest.mark.parametrize("mode", ["close", "stall"])
+@pytest.mark.parametrize("mode", ["close", "stall", "502", "503", "504"])
 async def test_a_resume_gets_through_a_proxy_that_misbehaves_then_recovers(mode: str) -> None:
     """Probe a12: after the cut, a proxy that accepted-and-closed (or stalled) new
     connections for 5 s left the client Reconnecting with one attempt, neither Resumed nor
-    Closed 40 s later. Each failed or stalled attempt is one attempt of the backoff now."""
+    Closed 40 s later. Each failed or stalled attempt is one attempt of the backoff now.
+    A proxy's 502 or 504 while the node behind it restarts (seen from HAProxy during a
+    rolling restart) is tried again like a draining server's 503, not taken as a refusal."""
     async with serving(_two_turns()) as server, trio.open_nursery() as nursery:
         proxy = LoopbackProxy(server.port)
         port = await nursery.start(proxy.run)

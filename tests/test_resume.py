@@ -84,6 +84,7 @@ class Run:
     resumes: int
     messages: int
     watched: int
+    cut_watched: bool
 
 
 async def run_session(transport: Any = None, capabilities: Any = m.CAPABILITIES) -> Run:
@@ -111,6 +112,7 @@ async def run_session(transport: Any = None, capabilities: Any = m.CAPABILITIES)
                     await client.send_text(text)
                     await until(events, lambda e: isinstance(e, vrt.TurnEnded))
                 watched = wrapped[0].count  # messages while the app watched the events
+                cut_watched = wrapped[0].cut  # the cut came while the app watched
             assert client.closed is None
         assert client.closed == vrt.Closed(reason="client")
     resumes = sum(isinstance(e, vrt.Resumed) for e in events.events)
@@ -123,6 +125,7 @@ async def run_session(transport: Any = None, capabilities: Any = m.CAPABILITIES)
         resumes=resumes,
         messages=wrapped[0].count,
         watched=watched,
+        cut_watched=cut_watched,
     )
 
 
@@ -156,7 +159,7 @@ async def test_a_cut_at_every_message_changes_nothing(
     caps = m.LEGACY if offer == "legacy" else m.CAPABILITIES
     uncut = await run_session(counting(direction), caps)
     assert uncut.messages >= FRAMES[(offer, direction)], uncut.messages
-    resumed = 0
+    resumed = cuts = 0
     for n in range(1, uncut.messages + 1):
         for before in (True, False):
             cut = functools.partial(CuttingConnection, direction=direction, n=n, before=before)
@@ -171,10 +174,14 @@ async def test_a_cut_at_every_message_changes_nothing(
             # batched, a frame's index varies a little from run to run with the scheduling
             assert run.resumes <= 1, where
             resumed += run.resumes
+            cuts += run.cut_watched and not opening
             assert run.events == uncut.events, where
             assert run.histories == uncut.histories, where
             assert run.executions == uncut.executions, where  # each call ran exactly once
-    assert resumed >= 2 * uncut.watched - 6, "nearly every cut while the app watched resumed"
+    # Every cut made while the app watched resumed, but for one that came with the last
+    # frames (the app saw its turn end and stopped watching before the loss showed).
+    assert cuts >= FRAMES[(offer, direction)], cuts
+    assert resumed >= cuts - 4, f"{resumed} of {cuts} cuts while the app watched resumed"
 
 
 async def test_work_goes_on_while_the_client_is_away(

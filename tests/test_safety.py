@@ -434,6 +434,22 @@ async def test_the_principal_reaches_the_tools() -> None:
     assert seen == ["alice"]
 
 
+async def test_authenticate_reads_the_peers_address() -> None:
+    """``HandshakeRequest.remote`` is ``host:port`` of the connection (it was the repr of
+    the server's stream wrapper, which is also what a refusal was logged with)."""
+    remotes: list[str] = []
+
+    async def who(request: vrt.HandshakeRequest) -> str:
+        remotes.append(request.remote)
+        return "anyone"
+
+    async with serving(chat_agent(), authenticate=who) as server:
+        async with vrt.connect(server.url) as client:
+            assert client.session_id is not None
+    host, port = remotes[0].rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0, remotes
+
+
 @pytest.mark.parametrize(
     ("authorization", "code"),
     [

@@ -45,6 +45,15 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         self.aborted = False
         self._unread = b""
 
+    def __repr__(self) -> str:
+        # trio-websocket names a stream it cannot read an address from by its repr (a
+        # refused upgrade is logged with it): the peer's address, as for a plain socket.
+        try:
+            host, port, *_ = self.stream.socket.getpeername()
+        except (OSError, ValueError):
+            return "<a closed connection>"
+        return f"{host}:{port}"
+
     def unread(self, data: bytes) -> None:
         """Put ``data`` back: the next read returns it first (the HTTP front read a
         WebSocket upgrade's head that trio-websocket must now read)."""

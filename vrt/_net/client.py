@@ -47,6 +47,9 @@ CONNECT_TIMEOUT = 10.0
 STABLE_AFTER = 5.0
 """A resumed connection that lasts this long ends the resume episode (backoff and
 ``resume_timeout`` start afresh at the next loss)."""
+RETRIED_STATUSES = frozenset({"HTTP_502", "HTTP_503", "HTTP_504"})
+"""Upgrades refused with these are tried again (opening and resuming alike): a draining
+server's 503, and a proxy's 502 or 504 while the node behind it restarts."""
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 2.0
 """Reconnect delays: doubling from the first to the max, each with random jitter (50-100 %)."""
@@ -375,10 +378,11 @@ class Client:
                     "session %s: connection attempt %d failed: %r", self.session_id, attempt, exc
                 )
             except RemoteProtocolError as exc:
-                if exc.code == "HTTP_503":
-                    # A server draining (handover-v1) or overloaded: another try, which the
-                    # load balancer sends elsewhere, within the same deadlines.
-                    log.debug("session %s: attempt %d: HTTP 503", self.session_id, attempt)
+                if exc.code in RETRIED_STATUSES:
+                    # A server draining (handover-v1) or overloaded (503), or a proxy that
+                    # lost its way to one that is restarting (502, 504): another try, which
+                    # the load balancer sends elsewhere, within the same deadlines.
+                    log.debug("session %s: attempt %d: %s", self.session_id, attempt, exc.code)
                 elif opening:
                     raise  # vrt.connect's own error: refused, or not a vrt server
                 else:

@@ -15,7 +15,9 @@ class LoopbackProxy:
     ``port = await nursery.start(proxy.run)``; new connections keep working after a cut.
     :attr:`misbehave` makes it a broken load balancer for new connections: ``"close"``
     accepts and closes them at once, ``"stall"`` accepts them and never answers (they are
-    closed when :attr:`misbehave` is set back to None); None (the default) pipes them.
+    closed when :attr:`misbehave` is set back to None), ``"502"``, ``"503"`` or ``"504"``
+    reads the request and answers it with that HTTP status, as a proxy does while the
+    server behind it restarts; None (the default) pipes them.
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -68,6 +70,21 @@ class LoopbackProxy:
             async with downstream:
                 await self._healed.wait()
             return
+        if self.misbehave in _STATUSES:
+            async with downstream:
+                with trio.move_on_after(5), contextlib.suppress(trio.BrokenResourceError):
+                    request = b""
+                    while b"\r\n\r\n" not in request and len(request) < 65536:
+                        data = await downstream.receive_some(4096)
+                        if not data:
+                            return
+                        request += data
+                    reason = _STATUSES[self.misbehave]
+                    await downstream.send_all(
+                        f"HTTP/1.1 {self.misbehave} {reason}\r\ncontent-length: 0\r\n"
+                        "connection: close\r\n\r\n".encode()
+                    )
+            return
         scope = trio.CancelScope()
         self._scopes.add(scope)
         try:
@@ -79,6 +96,9 @@ class LoopbackProxy:
                         nursery.start_soon(_copy, upstream, downstream, nursery.cancel_scope)
         finally:
             self._scopes.discard(scope)
+
+
+_STATUSES = {"502": "Bad Gateway", "503": "Service Unavailable", "504": "Gateway Timeout"}
 
 
 async def _copy(source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope) -> None:
