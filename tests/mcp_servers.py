@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import anyio
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import (
+    AcceptedElicitation,
+    Context,
+    Elicit,
+    ElicitationResult,
+    MCPServer,
+    Resolve,
+)
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel
@@ -78,15 +86,17 @@ class Name(BaseModel):
     name: str
 
 
+async def a_name() -> Elicit[Name]:
+    """The question ``ask`` needs answered: the SDK asks it mid-call (2025-11-25) or
+    returns it to the client to answer and retry (2026-07-28, ``InputRequiredResult``)."""
+    record("asking")
+    return Elicit("What is your name?", Name)
+
+
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-async def ask(ctx: Context) -> str:
+async def ask(answer: Annotated[ElicitationResult[Name], Resolve(a_name)]) -> str:
     """Ask the user for a name (elicitation)."""
-    try:
-        answer = await ctx.elicit("What is your name?", Name)
-    except anyio.get_cancelled_exc_class():
-        record("cancelled ask")
-        raise
-    if answer.action == "accept":
+    if isinstance(answer, AcceptedElicitation):
         return f"hello {answer.data.name}"
     return f"no name ({answer.action})"
 

@@ -43,7 +43,7 @@ from typing import Any
 import trio
 
 from vrt.mcp._mapping import RiskOverride
-from vrt.mcp._server import Elicit, Elicitation, McpError, McpServer
+from vrt.mcp._server import Elicit, Elicitation, McpError, McpServer, leaf
 
 __all__ = ["Elicitation", "McpError", "McpServer", "connect_http", "connect_stdio"]
 
@@ -144,10 +144,18 @@ async def _http_transport(url: str, headers: dict[str, str]) -> AsyncIterator[An
 
 @asynccontextmanager
 async def _serving(server: McpServer) -> AsyncIterator[McpServer]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
-        try:
-            yield server
-        finally:
-            server.close()
-            nursery.cancel_scope.cancel()
+    started = False
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            started = True
+            try:
+                yield server
+            finally:
+                server.close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        error = leaf(group)
+        if not started and isinstance(error, McpError):
+            raise error from None  # the server did not start: McpError, not a group
+        raise

@@ -373,6 +373,15 @@ def _closed(exc: BaseException) -> bool:
     return code == CONNECTION_CLOSED
 
 
+def leaf(exc: BaseException) -> BaseException:
+    """The one exception inside nested groups of one (what a nursery wraps an error in),
+    else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def _short(exc: BaseException, limit: int = 300) -> str:
+    exc = leaf(exc)
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
