@@ -47,3 +47,69 @@ async def test_the_assistant_example_runs_against_a_chat_server(dialect: str) ->
     assert provider.requests[0]["model"] == "local"
     names = [t["function"]["name"] for t in provider.requests[0]["tools"]]
     assert names == ["weather", "add_note", "read_notes"]  # the app's tools offered too
+
+
+MCP_EXAMPLE = Path(__file__).parent.parent / "examples" / "mcp_assistant.py"
+EVERYTHING = (
+    Path(__file__).parent.parent
+    / "node_modules"
+    / "@modelcontextprotocol"
+    / "server-everything"
+    / "dist"
+    / "index.js"
+)
+
+
+async def test_the_mcp_assistant_example_runs_against_a_chat_server() -> None:
+    """examples/mcp_assistant.py with both MCP servers started for real (the time server
+    from PyPI, the everything server from npm) and the model a FakeProvider: a call to
+    each MCP server, to the server tool and to the app tool; their results reach the
+    model's next request."""
+    steps = [
+        [
+            vrt.say("Let me check."),
+            vrt.call("time_get_current_time", {"timezone": "Asia/Tokyo"}),
+            vrt.call("ev_get-sum", {"a": 2, "b": 3}),
+            vrt.call("weather", {"city": "Tokyo"}),
+        ],
+        [vrt.call("add_note", {"text": "2 + 3 = 5"})],
+        [vrt.say("It is evening in Tokyo, and 2 and 3 make 5. Noted.")],
+    ]
+    async with FakeProvider(steps) as provider:
+        env = {
+            **os.environ,
+            "VRT_BASE_URL": provider.base_url,
+            "VRT_MODEL": "local",
+            "VRT_EVERYTHING": f"node {EVERYTHING} stdio",
+        }
+        env.pop("OPENAI_API_KEY", None)
+        done = await trio.to_thread.run_sync(
+            lambda: subprocess.run(
+                [sys.executable, str(MCP_EXAMPLE), "time in Tokyo, 2 + 3, note it"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+                env=env,
+                check=False,
+            )
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for shown in (
+        "[server time_get_current_time settled]",
+        "[server ev_get-sum settled]",
+        "[server weather settled]",
+        "[app add_note settled]",
+        "notes: ['2 + 3 = 5']",
+        "(turn finished)",
+    ):
+        assert shown in out, out
+    names = {t["function"]["name"] for t in provider.requests[0]["tools"]}
+    assert {"time_get_current_time", "ev_get-sum", "weather", "add_note"} <= names
+    answers = {
+        m["tool_call_id"]: m["content"]
+        for m in provider.requests[1]["messages"]
+        if m["role"] == "tool"
+    }
+    assert len(answers) == 3 and any("Asia/Tokyo" in text for text in answers.values())
+    assert any("5" in text for text in answers.values())
