@@ -19,6 +19,27 @@ pytestmark = pytest.mark.network
 EXAMPLE = Path(__file__).parent.parent / "examples" / "assistant.py"
 
 
+async def run_example(
+    path: Path, text: str, provider: FakeProvider, extra: dict[str, str] | None = None
+) -> str:
+    """Run an example as a user would, its model ``provider`` (by the environment alone):
+    what it printed; it must exit 0."""
+    env = {**os.environ, "VRT_BASE_URL": provider.base_url, "VRT_MODEL": "local", **(extra or {})}
+    env.pop("OPENAI_API_KEY", None)
+    done = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [sys.executable, str(path), text],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+            check=False,
+        )
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 @pytest.mark.parametrize("dialect", ["openai", "ollama", "llamacpp"])
 async def test_the_assistant_example_runs_against_a_chat_server(dialect: str) -> None:
     steps = [
@@ -27,20 +48,7 @@ async def test_the_assistant_example_runs_against_a_chat_server(dialect: str) ->
         [vrt.say("Noted: it is 21 degrees in Paris.")],
     ]
     async with FakeProvider(steps, dialect=dialect) as provider:
-        env = {**os.environ, "VRT_BASE_URL": provider.base_url, "VRT_MODEL": "local"}
-        env.pop("OPENAI_API_KEY", None)
-        done = await trio.to_thread.run_sync(
-            lambda: subprocess.run(
-                [sys.executable, str(EXAMPLE), "weather in Paris, and note it"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env=env,
-                check=False,
-            )
-        )
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
+        out = await run_example(EXAMPLE, "weather in Paris, and note it", provider)
     assert "[server weather settled]" in out and "[app add_note settled]" in out, out
     assert "notes: ['Paris: 21 C, clear']" in out and "(turn finished)" in out, out
     assert len(provider.requests) == 3
@@ -76,25 +84,8 @@ async def test_the_mcp_assistant_example_runs_against_a_chat_server() -> None:
         [vrt.say("It is evening in Tokyo, and 2 and 3 make 5. Noted.")],
     ]
     async with FakeProvider(steps) as provider:
-        env = {
-            **os.environ,
-            "VRT_BASE_URL": provider.base_url,
-            "VRT_MODEL": "local",
-            "VRT_EVERYTHING": f"node {EVERYTHING} stdio",
-        }
-        env.pop("OPENAI_API_KEY", None)
-        done = await trio.to_thread.run_sync(
-            lambda: subprocess.run(
-                [sys.executable, str(MCP_EXAMPLE), "time in Tokyo, 2 + 3, note it"],
-                capture_output=True,
-                text=True,
-                timeout=90,
-                env=env,
-                check=False,
-            )
-        )
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
+        everything = {"VRT_EVERYTHING": f"node {EVERYTHING} stdio"}
+        out = await run_example(MCP_EXAMPLE, "time in Tokyo, 2 + 3, note it", provider, everything)
     for shown in (
         "[server time_get_current_time settled]",
         "[server ev_get-sum settled]",
