@@ -801,6 +801,9 @@ async def test_history_snapshot_is_stable() -> None:
     items.append(4)
     assert list(snap) == [1, 2, 3] and len(snap) == 3
     assert snap[-1] == 3 and snap[1:] == (2, 3) and snap == [1, 2, 3]
+    # slices read the snapshot's items only, never what the list gained since
+    assert snap[5:] == () and snap[:10] == (1, 2, 3) and snap[-2:] == (2, 3)
+    assert snap[1:-1] == (2,) and snap[::2] == (1, 3) and snap[::-1] == (3, 2, 1)
     with pytest.raises(IndexError):
         snap[3]
 

@@ -31,6 +31,9 @@ class Snapshot(Sequence[T]):
     def __getitem__(self, index: slice) -> tuple[T, ...]: ...
     def __getitem__(self, index: int | slice) -> T | tuple[T, ...]:
         if isinstance(index, slice):
+            if index.step is None or index.step == 1:  # no copy of the whole prefix
+                start, stop, _ = index.indices(self._n)
+                return tuple(self._items[start:stop])
             return tuple(self._items[: self._n][index])
         if index < 0:
             index += self._n

@@ -566,6 +566,8 @@ class SessionActor:
         if node is None or self.handed_over or not self.proto.in_session or not self.idle:
             return False
         async with self._save_lock:
+            if self.handed_over:  # another hand_over (a drain's retry) did it meanwhile
+                return False
             unsaved = self._snapshot(None)
             if unsaved is None or not self.idle:
                 return False
