@@ -53,6 +53,10 @@ class Options:
     allowed_origins: frozenset[str] | None = None
     web_demo: bool = False
     """Serve the demo page at ``/`` too (``vrt demo --web``, ``vrt serve --web``)."""
+    metrics: bool = False
+    """Serve ``GET /metrics`` (Prometheus' text format: :mod:`vrt._net.metrics`)."""
+    capture_content: bool | None = None
+    """Content in trace spans (None: as ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
 
     @property
     def high_water(self) -> int:

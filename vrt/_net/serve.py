@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from vrt._engine.agent import Agent
+from vrt._net import metrics as metrics_page
 from vrt._net.accept import Accepting, accept_loop
 from vrt._net.hub import Hub
 from vrt._net.node import Node, default_name
@@ -101,6 +102,8 @@ async def serve(
     authenticate: Authenticate | None = None,
     allowed_origins: Collection[str] | None = None,
     web_demo: bool = False,
+    metrics: bool = False,
+    capture_content: bool | None = None,
     store: str | Store | None = None,
     node: str | None = None,
     drain_timeout: float = DRAIN_TIMEOUT,
@@ -168,6 +171,17 @@ async def serve(
       in it is refused (403): browsers send it, so a page elsewhere cannot use a user's
       cookies to open a session. Requests without ``Origin`` (not a browser) pass.
 
+    Observability (OpenTelemetry, through its API: a no-op until the application configures
+    the SDK; see the README's "Traces and metrics"):
+
+    - Every turn, model step and call is a span (``invoke_agent``, ``chat``,
+      ``execute_tool``), with no content (user text, arguments, outputs, messages) unless
+      ``capture_content=True`` (None: ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``).
+    - ``metrics=True`` serves ``GET /metrics`` on the HTTP front, in Prometheus' text format:
+      ``prometheus_client``'s default registry, which the SDK's Prometheus reader fills
+      (``trio-vrt[metrics]``; ``vrt serve --metrics`` installs both). ValueError if
+      ``prometheus_client`` is missing.
+
     Serving in production (``handover-v1``, docs/deploy.md):
 
     - ``store``: ``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a
@@ -211,7 +225,11 @@ async def serve(
         authenticate=authenticate,
         allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
         web_demo=web_demo,
+        metrics=bool(metrics),
+        capture_content=capture_content,
     )
+    if options.metrics and not metrics_page.available():
+        raise ValueError(f"metrics=True serves GET /metrics: {metrics_page.INSTALL_HINT}")
     if options.replay_limit_bytes < 2 * max_message_size:
         raise ValueError(
             f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "

@@ -21,6 +21,7 @@ import h11
 import trio
 
 from vrt._net.accept import GuardedStream
+from vrt._net.metrics import exposition
 
 log = logging.getLogger("vrt.server")
 
@@ -33,6 +34,8 @@ WEB_FILES = {
 
 HEALTH = "/healthz"
 """The health check: ``200 ok`` while accepting sessions, ``503 draining`` after SIGTERM."""
+METRICS = "/metrics"
+"""With ``metrics``: the process's metrics, in Prometheus' text format."""
 HEAD_LIMIT = 16 * 1024
 """The largest request head read (bytes): past it, ``431`` and the connection closed."""
 
@@ -53,11 +56,14 @@ DEMO_FILES = {"/": ("demo.html", "text/html; charset=utf-8")}
 """With ``web_demo``: the demo page too."""
 
 
-async def front(stream: GuardedStream, *, demo: bool = False, draining: bool = False) -> bool:
+async def front(
+    stream: GuardedStream, *, demo: bool = False, draining: bool = False, metrics: bool = False
+) -> bool:
     """Read the request head on ``stream``: True if it was answered here (the caller
     closes the connection), False if it is a WebSocket upgrade, put back for trio-websocket
     to read. ``demo``: serve the demo page at ``/`` as well. ``/healthz`` answers ``200
-    ok``, or ``503 draining`` once ``draining`` (a load balancer's health check). Raises
+    ok``, or ``503 draining`` once ``draining`` (a load balancer's health check); with
+    ``metrics``, ``/metrics`` answers the Prometheus text format (:mod:`vrt._net.metrics`). Raises
     ``trio.BrokenResourceError`` if the peer goes."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
     seen = bytearray()
@@ -102,6 +108,11 @@ async def front(stream: GuardedStream, *, demo: bool = False, draining: bool = F
         status, text = (503, b"draining\n") if draining else (200, b"ok\n")
         no_cache = ((b"cache-control", b"no-store"),)
         await _send(stream, status, text if method == b"GET" else b"", no_cache, length=len(text))
+    elif path == METRICS and metrics:
+        page, kind = exposition()
+        no_cache = ((b"cache-control", b"no-store"),)
+        body = page if method == b"GET" else b""
+        await _send(stream, 200, body, no_cache, content_type=kind, length=len(page))
     elif entry is None or found is None:
         await _send(stream, 404, b"not found", ())
     else:

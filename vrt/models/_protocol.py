@@ -48,7 +48,17 @@ class CallEnd:
     arguments: Any = None
 
 
-ModelEvent = Text | CallStart | CallDelta | CallEnd
+@attrs.frozen(kw_only=True)
+class Usage:
+    """The provider's token counts for this step (so far: a later report replaces an
+    earlier one). Optional: a model need not say it. The engine puts it on the step's
+    trace span (``gen_ai.usage.*``) and nowhere else."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+ModelEvent = Text | CallStart | CallDelta | CallEnd | Usage
 
 
 # -- what the model is asked ---------------------------------------------------------------------
