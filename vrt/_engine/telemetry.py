@@ -199,7 +199,7 @@ class TurnSpans:
             }
         )
         provider = getattr(self._agent.model, "provider", None)
-        if isinstance(provider, str):
+        if isinstance(provider, str) and provider:
             span.set_attribute("gen_ai.provider.name", provider)
         self._step = span
 

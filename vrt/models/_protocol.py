@@ -58,6 +58,20 @@ class Usage:
     output_tokens: int | None = None
 
 
+def tokens(usage: Any, given: str, made: str) -> Usage | None:
+    """A provider's ``usage`` object as :class:`Usage` (its counts under the keys ``given``
+    and ``made``), or None when it has neither as a whole number."""
+    if not isinstance(usage, dict):
+        return None
+    counts = [usage.get(key) for key in (given, made)]
+    counts = [
+        n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None for n in counts
+    ]
+    if counts == [None, None]:
+        return None
+    return Usage(input_tokens=counts[0], output_tokens=counts[1])
+
+
 ModelEvent = Text | CallStart | CallDelta | CallEnd | Usage
 
 
