@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -381,7 +382,14 @@ def test_the_web_demo_page_completes_its_script(browser: Any) -> None:
         transcript = page.inner_text("#transcript")
         reports = [e.inner_text() for e in page.query_selector_all("#calls .report")]
         context.close()
+        # GET /metrics while the demo serves (trio-vrt[metrics]): the calls by result code
+        metrics_url = url.replace("ws://", "http://") + "metrics"
+        with urllib.request.urlopen(metrics_url, timeout=5) as answer:
+            exposition = answer.read().decode()
     assert console == []
+    calls = [x for x in exposition.splitlines() if x.startswith("vrt_tool_calls_total{")]
+    for code in ("OK", "REJECTED", "INVALID", "INTERRUPTED"):
+        assert any(f'vrt_result_code="{code}"' in x for x in calls), (code, calls)
     assert got["turns"] == ["finished"] * 4 + ["interrupted"]
     assert [r["name"] for r in got["runs"]] == [
         "open_panel", "highlight", "scroll_to", "show_map"

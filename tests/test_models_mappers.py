@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 import vrt
-from vrt.models import CallDelta, CallEnd, CallStart, Text
+from vrt.models import CallDelta, CallEnd, CallStart, Text, Usage
 from vrt.models._adapters import AnthropicMessages, CallIds, OpenAIChat, OpenAIResponses
 from vrt.models._sse import SSEDecoder
 
@@ -476,3 +476,37 @@ def test_responses_a_stream_that_ends_before_the_response_is_a_model_error() -> 
     body = responses({"type": "response.output_item.added", "output_index": 0, "item": CALL_ITEM})
     with pytest.raises(vrt.ModelError, match="ended before its last event"):
         play(RESPONSES, body)
+
+
+# -- token usage (only traces show it) ------------------------------------------------------------
+
+
+def test_usage_of_each_api() -> None:
+    """Each provider's token counts become ``Usage``: Chat Completions' last chunk (with
+    ``stream_options.include_usage``), Anthropic's ``message_start`` then each
+    ``message_delta`` (output so far, input from the start), the Responses API's
+    ``response.completed``; a count that is not a whole number is left out."""
+    chat_usage = {"raw": {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}}
+    assert play(CHAT, chat({"content": "Hi"}, ({}, "stop"), chat_usage)) == [
+        Text(text="Hi"),
+        Usage(input_tokens=9, output_tokens=4),
+    ]
+    odd = {"raw": {"choices": [], "usage": {"prompt_tokens": "9", "completion_tokens": True}}}
+    assert play(CHAT, chat(({}, "stop"), odd)) == []
+    started = ("message_start", {"message": {"usage": {"input_tokens": 25, "output_tokens": 1}}})
+    assert play(
+        ANTHROPIC,
+        anthropic(
+            started,
+            (
+                "message_delta",
+                {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}},
+            ),
+            ("message_stop", {}),
+        ),
+    ) == [Usage(input_tokens=25, output_tokens=1), Usage(input_tokens=25, output_tokens=7)]
+    completed = {
+        "type": "response.completed",
+        "response": {"usage": {"input_tokens": 30, "output_tokens": 5, "total_tokens": 35}},
+    }
+    assert play(RESPONSES, responses(completed)) == [Usage(input_tokens=30, output_tokens=5)]
