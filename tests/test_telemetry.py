@@ -430,3 +430,39 @@ def test_metrics_without_prometheus_client_is_a_clear_error(
             await vrt.serve(agent, "127.0.0.1", 0, metrics=True)
 
     trio.run(main)
+
+
+async def test_spans_of_a_tool_and_of_a_model_nest_under_vrt_s(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A tool's own spans (an instrumented HTTP client's...) are children of its
+    ``execute_tool`` span; a model's, of its ``chat`` span."""
+    tracer = trace.get_tracer("an.app")
+
+    @vrt.server_tool(risk="low", parameters=OBJ)
+    async def fetch(args: Any, ctx: vrt.ToolContext) -> None:
+        with tracer.start_as_current_span("GET /api"):
+            await trio.lowlevel.checkpoint()
+
+    scripted = vrt.ScriptedModel([[vrt.call("fetch", {})], [vrt.say("ok")]])
+
+    class Traced:
+        def stream(self, request: Any) -> Any:
+            with tracer.start_as_current_span("POST /v1/chat"):
+                pass
+            return scripted.stream(request)
+
+    agent = vrt.define_agent(model=Traced(), tools=[fetch])
+    async with vrt.open_session(agent) as session:
+        await (await session.start_turn("go")).wait()
+    got = tree(spans.get_finished_spans())
+    (call,) = got["execute_tool fetch"]
+    (inner,) = got["GET /api"]
+    assert inner.parent is not None and call.context is not None
+    assert inner.parent.span_id == call.context.span_id
+    chats = got["chat Traced"]
+    posts = got["POST /v1/chat"]
+    assert len(chats) == len(posts) == 2
+    assert {p.parent.span_id for p in posts if p.parent} == {
+        c.context.span_id for c in chats if c.context
+    }

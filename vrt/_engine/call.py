@@ -220,6 +220,7 @@ class Call:
         # A call interrupted while queued (issued, its task not yet started) stops here,
         # before its hook: the scope is already cancelled.
         await trio.lowlevel.checkpoint_if_cancelled()
+        self.trace.enter()  # the tool's own spans (an HTTP client's...) are its children
         registered = self.tool
         hook = self.turn.session.agent.before_tool_call
         if hook is not None:  # every call passes the hook first, even one nobody hosts

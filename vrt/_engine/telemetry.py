@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from vrt._core.results import Kind, ToolResult
@@ -203,6 +206,19 @@ class TurnSpans:
             span.set_attribute("gen_ai.provider.name", provider)
         self._step = span
 
+    def current(self) -> Token[Context] | None:
+        """Make the step's span current in the turn's task while the model streams (an
+        instrumented HTTP client's spans are its children); the token for :meth:`restore`."""
+        if self._step is None:
+            return None
+        return otel_context.attach(trace.set_span_in_context(self._step))
+
+    @staticmethod
+    def restore(token: Token[Context] | None) -> None:
+        """Undo :meth:`current`."""
+        if token is not None:
+            otel_context.detach(token)
+
     def first_event(self) -> None:
         """The step's first event arrived (counted once a step)."""
         if self._first:
@@ -298,6 +314,12 @@ class CallSpan:
                 }
             )
             self.span = span
+
+    def enter(self) -> None:
+        """Make the call's span current in the calling task (the call's own: its context
+        ends with it), so that spans the tool makes are its children."""
+        if self.span is not None:
+            otel_context.attach(trace.set_span_in_context(self.span))
 
     def phase(self, phase: str, value: Any = None, *, content: bool = False) -> None:
         """A phase of the call's stream, as a span event (``value`` only with capture)."""

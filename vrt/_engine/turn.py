@@ -195,11 +195,14 @@ class Turn:
         request = session.request(self, step)
         spans = self.spans
         spans.step_started(step)
+        token = spans.current()
         try:
             await self._step_events(session.agent.model.stream(request), nursery)
         except Exception as exc:
             spans.step_ended(exc)
             raise
+        finally:
+            spans.restore(token)
         spans.step_ended()
 
     async def _step_events(self, stream: Any, nursery: trio.Nursery) -> None:
