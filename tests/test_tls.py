@@ -202,13 +202,14 @@ async def test_bad_contexts_are_refused_at_once() -> None:
     ):
         with pytest.raises(error, match=message):
             await vrt.serve(_agent(), HOST, 0, ssl_context=context)  # type: ignore[arg-type]
-    for url, context, error, message in (
+    wrong: object
+    for url, wrong, error, message in (
         (f"ws://{HOST}:1/", client_context(), ValueError, "for wss:// URLs"),
         (f"wss://{HOST}:1/", server_context(), ValueError, "is a server's"),
         (f"wss://{HOST}:1/", b"x", TypeError, "not bytes"),
     ):
         with pytest.raises(error, match=message):
-            async with vrt.connect(url, ssl_context=context):  # type: ignore[arg-type]
+            async with vrt.connect(url, ssl_context=wrong):  # type: ignore[arg-type]
                 pass  # pragma: no cover
 
 
@@ -241,8 +242,8 @@ async def test_vrt_serve_workers_with_tls(tmp_path: Path, pem: tuple[str, str]) 
     certfile, keyfile = pem
     port = servers.free_port()
     with servers.redis_server() as store:
-        flags = ("--port", str(port), "--store", store, "--workers", "2")
-        flags += ("--certfile", certfile, "--keyfile", keyfile)
+        tls = ("--certfile", certfile, "--keyfile", keyfile)
+        flags = ("--port", str(port), "--store", store, "--workers", "2", *tls)
         async with servers.vrt_serve(
             tmp_path / "workers.log", "tests.serve_agent:agent", *flags
         ) as (
