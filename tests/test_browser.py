@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -84,12 +85,13 @@ def browser() -> Iterator[Any]:
 
 
 def open_page(browser: Any, url: str) -> Any:
-    """A page of the server's origin (its machines.js), its console kept on ``console``."""
+    """A page of the server's origin (its machines.js; https:// for a wss:// URL), its
+    console kept on ``console``. ``browser`` may be a browser context."""
     page = browser.new_page()
     console: list[str] = []
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-    page.goto(url.replace("ws://", "http://") + "machines.js")
+    page.goto("http" + url[2:] + "machines.js")
     page.wait_for_timeout(200)  # its favicon request is a 404, rightly: not counted
     console.clear()
     page.console = console
@@ -139,7 +141,9 @@ RUN = """async ([url, capabilities]) => {
 }"""
 
 
-def python_events(url: str, capabilities: tuple[str, ...]) -> list[list[Any]]:
+def python_events(
+    url: str, capabilities: tuple[str, ...], ssl_context: ssl.SSLContext | None = None
+) -> list[list[Any]]:
     """The same session with the Python client: its events in the browser's shape."""
 
     @vrt.app_tool(name="edit", parameters={"type": "object"})
@@ -150,7 +154,9 @@ def python_events(url: str, capabilities: tuple[str, ...]) -> list[list[Any]]:
     out: list[list[Any]] = []
 
     async def main() -> None:
-        async with vrt.connect(url, tools=[edit], capabilities=capabilities) as client:
+        async with vrt.connect(
+            url, tools=[edit], capabilities=capabilities, ssl_context=ssl_context
+        ) as client:
             async with client.subscribe() as events:
                 await client.send_text("go")
                 async for event in events:
@@ -348,6 +354,36 @@ def test_a_cut_while_an_app_tool_runs_resumes_with_nothing_lost_or_run_twice(
     expected = python_events(server, m.CAPABILITIES)
     assert got["events"] == expected  # the app saw what an uncut session shows
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+
+
+def test_vrt_js_runs_a_turn_over_wss(browser: Any, tmp_path: Path) -> None:
+    """TLS: ``vrt serve --certfile --keyfile`` with a certificate of a trustme CA (which
+    the browser context is told to accept): the page loads vrt.js from the HTTPS front and
+    runs a turn over wss://, with the Python client's events over wss://."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certfile.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    command = ("serve", "tests.web_agent:agent", "--port", "0",
+               "--certfile", str(certfile), "--keyfile", str(keyfile))  # fmt: skip
+    with serving("", command) as url:
+        assert url.startswith("wss://127.0.0.1:"), url
+        context = browser.new_context(ignore_https_errors=True)
+        page = open_page(context, url)
+        assert page.url.startswith("https://127.0.0.1:"), page.url
+        caps = list(m.CAPABILITIES)
+        got = run_js(page, RUN, [url, caps])
+        console = page.console
+        context.close()
+        client_context = ssl.create_default_context()
+        ca.configure_trust(client_context)
+        expected = python_events(url, tuple(caps), client_context)
+    assert got["closed"] == "client" and got["events"][-1][0] == "turn.ended", got
+    assert got["events"] == expected
+    assert not [c for c in console if c.startswith(("error", "pageerror"))], console
 
 
 def test_a_page_of_another_origin_imports_the_client(browser: Any, server: str) -> None:

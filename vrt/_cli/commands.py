@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from vrt._cli.demo import FAST, run_demo
 from vrt._cli.telemetry import install_prometheus
 from vrt._engine.groups import single_unwrapped
 from vrt._net.node import default_name
+from vrt._net.tls import load_server_context
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -78,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--port", type=_port, default=8765, help="with --web: the port (default: %(default)s)"
     )
+    _tls_arguments(demo, "with --web: ")
     demo.set_defaults(handler=_demo)
 
     serve = commands.add_parser(
@@ -126,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve GET /metrics in Prometheus' text format (needs trio-vrt[metrics]; with "
         "--workers, each worker answers for itself)",
     )
+    _tls_arguments(serve)
     production = serve.add_argument_group(
         "serving in production (docs/deploy.md)",
         "With a store, sessions survive deploys and crashes: SIGTERM drains (GET /healthz "
@@ -303,6 +307,29 @@ _SAFETY: list[tuple[str, Callable[[str], object], str]] = [
 """``vrt serve``'s flags for ``vrt.serve``'s safety options (their defaults are its own)."""
 
 
+def _tls_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument(
+        "--certfile",
+        metavar="FILE",
+        help=f"{prefix}serve TLS (wss://, https://) with this PEM certificate chain "
+        "(with --keyfile)",
+    )
+    parser.add_argument("--keyfile", metavar="FILE", help="the certificate's PEM private key")
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | str | None:
+    """``--certfile`` and ``--keyfile`` as a server context (None without them), or the
+    one-line error to print."""
+    if args.certfile is None and args.keyfile is None:
+        return None
+    if args.certfile is None or args.keyfile is None:
+        return "--certfile and --keyfile go together (a PEM certificate chain and its key)"
+    try:
+        return load_server_context(args.certfile, args.keyfile)
+    except ValueError as exc:
+        return str(exc)
+
+
 def _default(flag: str) -> object:
     return inspect.signature(vrt.serve).parameters[flag[2:].replace("-", "_")].default
 
@@ -313,6 +340,10 @@ def _serve(args: argparse.Namespace) -> int:
             "vrt serve: --workers above 1 needs --store (sessions move between them)",
             file=sys.stderr,
         )
+        return 2
+    ssl_context = _tls(args)  # checked here too with --workers: one error, not one a worker
+    if isinstance(ssl_context, str):
+        print(f"vrt serve: {ssl_context}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -355,6 +386,7 @@ def _serve(args: argparse.Namespace) -> int:
         allowed_origins=args.allowed_origins,
         web_demo=args.web,
         metrics=args.metrics,
+        ssl_context=ssl_context,
         **options,
         **production,
     )
@@ -384,10 +416,10 @@ def _serve_until_interrupted(
                 server = await nursery.start(serve)
                 print(f"vrt serve: {args.target} on {server.url}", flush=True)
                 if options.get("web_demo"):
-                    page = server.url.replace("ws://", "http://")
+                    page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
                     print(f"vrt serve: the demo page is {page}", flush=True)
                 if options.get("metrics"):
-                    page = server.url.replace("ws://", "http://") + "metrics"
+                    page = "http" + server.url[2:] + "metrics"
                     print(f"vrt serve: metrics at {page}", flush=True)
                 log = logging.getLogger("vrt.server")
                 async for signum in signals:
@@ -430,6 +462,10 @@ def _demo(args: argparse.Namespace) -> int:
     color = out.isatty() and "NO_COLOR" not in os.environ
     scale = FAST if args.fast else 1.0
     if args.web:
+        ssl_context = _tls(args)
+        if isinstance(ssl_context, str):
+            print(f"vrt demo: {ssl_context}", file=sys.stderr)
+            return 2
         logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         missing = install_prometheus()
         if missing is not None:
@@ -441,6 +477,7 @@ def _demo(args: argparse.Namespace) -> int:
             "the demo agent",
             web_demo=True,
             metrics=missing is None,
+            ssl_context=ssl_context,
         )
     outcome = trio.run(functools.partial(run_demo, out, scale=scale, color=color))
     return 0 if outcome.ok else 1

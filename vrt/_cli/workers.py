@@ -54,6 +54,8 @@ def worker_command(args: argparse.Namespace, port: int, index: int) -> list[str]
         command += ["--node", f"{args.node}:{index}"]  # else host:pid:index
     if args.relay_host:
         command += ["--relay-host", args.relay_host]
+    if args.certfile:
+        command += ["--certfile", args.certfile, "--keyfile", args.keyfile]
     return command
 
 
@@ -104,12 +106,13 @@ def supervise(args: argparse.Namespace) -> int:
                 for index in range(count):
                     await nursery.start(worker, index)
                 host = f"[{args.host}]" if ":" in args.host else args.host
+                s = "s" if args.certfile else ""  # TLS: wss:// and https://
                 print(
-                    f"vrt serve: {args.target} on ws://{host}:{port}/ ({count} workers)",
+                    f"vrt serve: {args.target} on ws{s}://{host}:{port}/ ({count} workers)",
                     flush=True,
                 )
                 if args.web:
-                    print(f"vrt serve: the demo page is http://{host}:{port}/", flush=True)
+                    print(f"vrt serve: the demo page is http{s}://{host}:{port}/", flush=True)
                 drained = False
                 async for signum in signals:
                     if signum == signal.SIGTERM and not drained:

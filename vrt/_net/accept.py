@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import math
 import socket
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
@@ -32,15 +33,25 @@ _RETRY_AFTER = 0.1
 
 
 class GuardedStream(trio.abc.HalfCloseableStream):
-    """A TCP stream that reports the peer's leaving (EOF or a broken connection) through
-    :attr:`on_close`, and can be torn down at once (:meth:`abort`).
+    """A TCP stream (with TLS over it, given a server's ``ssl_context``) that reports the
+    peer's leaving (EOF or a broken connection) through :attr:`on_close`, and can be torn
+    down at once (:meth:`abort`).
 
     trio-websocket reads a connection in its own task and, before the upgrade completes,
     never wakes whoever waits for it when TCP ends; a callback from the read itself does.
     """
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(
+        self, stream: trio.SocketStream, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.stream = stream
+        """The TCP stream: its socket gives the peer's address, and :meth:`abort` resets it."""
+        self.tls: trio.SSLStream[trio.SocketStream] | None = None
+        """With ``ssl_context`` (a server's): TLS over :attr:`stream`, which every read and
+        write then goes through (:meth:`start_tls` first)."""
+        if ssl_context is not None:
+            self.tls = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
+        self._io: trio.abc.Stream = stream if self.tls is None else self.tls
         self.on_close: Callable[[], object] | None = None
         self.gone = False
         """The peer closed, or the connection broke."""
@@ -56,6 +67,22 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             return "<a closed connection>"
         return f"{host}:{port}"
 
+    async def start_tls(self) -> bool:
+        """The TLS handshake, if the stream has TLS (else nothing): False if it failed (a
+        peer that sends plain HTTP or garbage, refuses the certificate, or leaves), which
+        counts as the peer leaving. The caller bounds it in time, like the upgrade."""
+        if self.tls is None:
+            return True
+        try:
+            await self.tls.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            cause = exc.__cause__
+            reason = getattr(cause, "reason", None) or type(cause or exc).__name__
+            log.debug("%r: no TLS handshake (%s)", self, reason)
+            self._left()
+            return False
+        return True
+
     def unread(self, data: bytes) -> None:
         """Put ``data`` back: the next read returns it first (the HTTP front read a
         WebSocket upgrade's head that trio-websocket must now read)."""
@@ -70,11 +97,11 @@ class GuardedStream(trio.abc.HalfCloseableStream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._unread:
             size = len(self._unread) if max_bytes is None else max_bytes
-            data, self._unread = self._unread[:size], self._unread[size:]
+            unread, self._unread = self._unread[:size], self._unread[size:]
             await trio.lowlevel.checkpoint()
-            return data
+            return unread
         try:
-            data = await self.stream.receive_some(max_bytes)
+            data = await self._io.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._left()
             raise
@@ -84,20 +111,22 @@ class GuardedStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         try:
-            await self.stream.send_all(data)
+            await self._io.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._left()
             raise
 
     async def wait_send_all_might_not_block(self) -> None:
-        await self.stream.wait_send_all_might_not_block()
+        await self._io.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
+        if self.tls is not None:
+            raise NotImplementedError("TLS has no half-close")
         await self.stream.send_eof()
 
     async def aclose(self) -> None:
         self._left()  # trio-websocket closes it when the upgrade or the connection failed
-        await self.stream.aclose()
+        await self._io.aclose()  # TLS (https_compatible): no close_notify to wait on
 
     def abort(self) -> None:
         """Close the socket now, discarding what the kernel still holds to send (RST)."""

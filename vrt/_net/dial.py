@@ -36,6 +36,7 @@ from vrt._net.client import (
     open_client,
 )
 from vrt._net.pumps import patiently
+from vrt._net.tls import client_context
 from vrt._wire import messages as m
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
@@ -51,6 +52,7 @@ async def connect(
     resume: bool = True,
     resume_timeout: float = RESUME_TIMEOUT,
     connect_timeout: float = CONNECT_TIMEOUT,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Client]:
     """Connect to a vrt/1 server and open a session, hosting the app ``tools``.
 
@@ -63,6 +65,12 @@ async def connect(
     ``connect_timeout`` (``TIMEOUT``); an OSError if nothing accepts the TCP connection.
     ``headers`` go with every upgrade request (for instance
     ``[("authorization", "Bearer ...")]``).
+
+    ``ssl_context``: for ``wss://``, the client-side context every connection (each
+    resume's too) checks the server with; by default ``ssl.create_default_context()``, the
+    system's trusted CAs. For a private CA, ``ssl.create_default_context(cafile=...)``. A
+    certificate it does not trust is ``TLS`` at once (not tried again). ValueError if it is
+    given with a ``ws://`` URL or is a server's context, TypeError if it is not one.
 
     A lost connection is resumed (``resume=True``): the client reconnects with backoff
     while the app sees :class:`~vrt.Reconnecting`, then :class:`~vrt.Resumed` and the
@@ -92,11 +100,17 @@ async def connect(
     if not (isinstance(max_message_size, int) and max_message_size >= 1024):
         raise ValueError(f"max_message_size must be at least 1024, not {max_message_size!r}")
     secure = parts.scheme == "wss"
+    if ssl_context is not None:
+        ssl_context = client_context(ssl_context)
+        if not secure:
+            raise ValueError(f"ssl_context is for wss:// URLs, not {url!r}")
+    elif secure:
+        ssl_context = ssl.create_default_context()  # once: each attempt reuses it
     port = parts.port or (443 if secure else 80)
     resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     extra = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in headers]
     opener = functools.partial(
-        _open_ws, parts.hostname, port, resource, extra, secure, max_message_size
+        _open_ws, parts.hostname, port, resource, extra, ssl_context, max_message_size
     )
     async with open_client(
         None,
@@ -117,11 +131,12 @@ async def _open_ws(
     port: int,
     resource: str,
     headers: list[tuple[bytes, bytes]],
-    secure: bool,
+    ssl_context: ssl.SSLContext | None,
     max_message_size: int,
 ) -> AsyncIterator[WebSocketConnection]:
-    """One WebSocket connection: TCP (and TLS), then the upgrade. A peer that leaves before
-    the upgrade is done raises :class:`~vrt._net.client.Lost` at once."""
+    """One WebSocket connection: TCP (and TLS with ``ssl_context``), then the upgrade. A
+    peer that leaves before the upgrade is done raises :class:`~vrt._net.client.Lost` at
+    once."""
     # We open (and always close) the TCP stream ourselves: trio-websocket's client leaves
     # it open when the server ends the connection first.
     tcp = await trio.open_tcp_stream(host, port)
@@ -129,10 +144,8 @@ async def _open_ws(
     upgraded = False
     stream: trio.abc.Stream = guarded
     try:
-        if secure:
-            tls = trio.SSLStream(
-                guarded, ssl.create_default_context(), server_hostname=host, https_compatible=True
-            )
+        if ssl_context is not None:
+            tls = trio.SSLStream(guarded, ssl_context, server_hostname=host, https_compatible=True)
             await _tls_handshake(tls)
             stream = tls
         with _handshake_errors(lambda: upgraded), single_unwrapped():

@@ -12,6 +12,7 @@ import contextlib
 import hmac
 import logging
 import secrets
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -76,11 +77,15 @@ class Hub:
         nursery.start_soon(self.acks.run)
 
     async def handle_stream(
-        self, stream: trio.SocketStream, pending: Pending | None = None
+        self,
+        stream: trio.SocketStream,
+        pending: Pending | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """Serve one accepted TCP connection, counted in :attr:`accepting` as ``pending``:
-        its upgrade and its ``hello`` within ``handshake_timeout`` of the accept, then its
-        session.
+        its TLS handshake (with ``ssl_context``), its upgrade and its ``hello`` within
+        ``handshake_timeout`` of the accept, then its session.
 
         A peer that leaves before the upgrade is done is forgotten at once; one that is too
         slow is cut off (its socket reset) at the deadline, or sooner if the pool of
@@ -88,7 +93,7 @@ class Hub:
         """
         if pending is None:
             pending = self.accepting.admit(peer_address(stream))
-        guarded = GuardedStream(stream)
+        guarded = GuardedStream(stream, ssl_context)
         deadline = trio.current_time() + self.options.handshake_timeout
         late = False
 
@@ -101,7 +106,8 @@ class Hub:
                 with trio.move_on_at(deadline) as scope:
                     pending.guard(scope)
                     guarded.on_close = scope.cancel
-                    upgraded = await upgrade(nursery, guarded, self.options, self)
+                    if await guarded.start_tls():  # False: the peer is gone
+                        upgraded = await upgrade(nursery, guarded, self.options, self)
                     guarded.on_close = None
                 late = scope.cancelled_caught and not guarded.gone
                 if upgraded is not None:

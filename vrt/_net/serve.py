@@ -8,16 +8,18 @@ peer gets ``error`` frames, or is dropped; the server itself never goes down for
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
-from collections.abc import Collection
+import ssl
+from collections.abc import Awaitable, Callable, Collection
 
 import attrs
 import trio
 
 from vrt._engine.agent import Agent
 from vrt._net import metrics as metrics_page
-from vrt._net.accept import Accepting, accept_loop
+from vrt._net.accept import Accepting, Pending, accept_loop
 from vrt._net.hub import Hub
 from vrt._net.node import Node, default_name
 from vrt._net.options import (
@@ -39,6 +41,7 @@ from vrt._net.options import (
     positive_number,
 )
 from vrt._net.store import RedisStore, Store, open_store
+from vrt._net.tls import server_context
 from vrt._net.upgrade import Authenticate, HandshakeRequest, Refuse
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
@@ -58,13 +61,15 @@ class Server:
     """The real port (when 0 was asked for, the one the OS chose)."""
     node: str | None = None
     """This process's name among the nodes sharing its store (None without a store)."""
+    tls: bool = False
+    """Whether it serves TLS (``ssl_context``): ``wss://`` and ``https://``."""
     _drain: trio.Event | None = attrs.field(default=None, eq=False, repr=False, alias="drain")
 
     @property
     def url(self) -> str:
-        """``ws://host:port/``, what ``vrt.connect`` takes."""
+        """``ws://host:port/`` (``wss://`` with TLS), what ``vrt.connect`` takes."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ws://{host}:{self.port}/"
+        return f"{'wss' if self.tls else 'ws'}://{host}:{self.port}/"
 
     def drain(self) -> None:
         """Start draining (what SIGTERM does to ``vrt serve``): ``/healthz`` says 503 at
@@ -109,6 +114,7 @@ async def serve(
     drain_timeout: float = DRAIN_TIMEOUT,
     relay_host: str | None = None,
     reuse_port: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``agent`` over vrt/1 WebSockets until cancelled (or drained).
@@ -120,6 +126,16 @@ async def serve(
     act as a server without ``tool-stream-v1``). On cancellation every open session is
     sent ``closed`` with reason ``shutdown`` and its connection closed. Raises OSError at
     once if it cannot listen (a busy port, an unknown host), ValueError for a bad option.
+
+    ``ssl_context``: serve TLS (``wss://``, and ``https://`` for the HTTP front) with this
+    server-side context (``ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)`` with
+    ``load_cert_chain``); :attr:`Server.url` then says ``wss://``. The TLS handshake is part
+    of the connection's handshake: it counts in ``handshake_timeout`` and in the pool of
+    pending connections, and a peer that fails it (plain HTTP, garbage, a certificate it
+    refuses) is dropped quietly, like a bad upgrade. TypeError if it is not an SSLContext,
+    ValueError if it is a client's or has no certificate. The relays between nodes of a
+    store (``relay_host``) stay plain ``ws://``: they are meant for a private network,
+    like the store's own connection (put them on one, or use ``rediss://`` and a VPN).
 
     Safety (each has a default; see the README's "Running the server safely"):
 
@@ -236,6 +252,8 @@ async def serve(
             f"max_message_size ({max_message_size}): one frame must fit with room to spare"
         )
     drain_timeout = positive_number("drain_timeout", drain_timeout, zero=True)
+    if ssl_context is not None:
+        ssl_context = server_context(ssl_context)
     the_store = open_store(store) if isinstance(store, str) else store
     listeners: list[trio.SocketListener] = []
     relays: list[trio.SocketListener] = []
@@ -274,9 +292,16 @@ async def serve(
                     )
                 drain = trio.Event()
             public = trio.CancelScope()
-            await nursery.start(_accept_all, public, listeners, accepting, hub, nursery)
+            handle = functools.partial(hub.handle_stream, ssl_context=ssl_context)
+            await nursery.start(_accept_all, public, listeners, accepting, handle, nursery)
             bound = listeners[0].socket.getsockname()[1]
-            server = Server(host=host, port=bound, node=node_.name if node_ else None, drain=drain)
+            server = Server(
+                host=host,
+                port=bound,
+                node=node_.name if node_ else None,
+                tls=ssl_context is not None,
+                drain=drain,
+            )
             log.info("serving on %s%s", server.url, f" as node {node_.name}" if node_ else "")
             task_status.started(server)
             if drain is None:
@@ -308,18 +333,18 @@ async def _accept_all(
     scope: trio.CancelScope,
     listeners: list[trio.SocketListener],
     accepting: Accepting,
-    hub: Hub,
+    handle: Callable[[trio.SocketStream, Pending], Awaitable[object]],
     nursery: trio.Nursery,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The public listeners' accept loops (started before ``task_status``), until
-    ``scope`` is cancelled (a worker's drain); the connections' tasks run in
+    ``scope`` is cancelled (a worker's drain); the connections' tasks run ``handle`` in
     ``nursery``."""
     with scope:
         async with trio.open_nursery() as loops:
             for listener in listeners:
-                loops.start_soon(accept_loop, listener, accepting, hub.handle_stream, nursery)
+                loops.start_soon(accept_loop, listener, accepting, handle, nursery)
             task_status.started()
 
 
