@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -94,3 +95,15 @@ async def subscribed(session: vrt.Session) -> AsyncIterator[Log]:
     """``session.subscribe()`` as a :class:`Log`."""
     async with session.subscribe() as channel:
         yield Log(channel)
+
+
+@pytest.fixture
+def no_errors(caplog: pytest.LogCaptureFixture) -> Any:
+    """No ERROR (or worse) from vrt's loggers, and no traceback above DEBUG, during the test
+    (no peer can make the server log one)."""
+    with caplog.at_level(logging.DEBUG, logger="vrt"):
+        yield
+    bad = [r for r in caplog.records if r.name.startswith("vrt") and r.levelno >= logging.ERROR]
+    assert not bad, [r.getMessage() for r in bad]
+    traced = [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG]
+    assert not traced, [r.getMessage() for r in traced]

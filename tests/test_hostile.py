@@ -16,7 +16,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import os
 import resource
 import subprocess
@@ -37,21 +36,10 @@ from tests.test_wire_errors import chat_agent, connected, serving, session
 from vrt._net import actor as _actor
 from vrt.testing import LoopbackProxy
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.usefixtures("no_errors")]
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).parent.parent
-
-
-@pytest.fixture(autouse=True)
-def no_errors(caplog: pytest.LogCaptureFixture) -> Any:
-    """No ERROR (or worse) from vrt's loggers, and no traceback at all, during the test."""
-    with caplog.at_level(logging.DEBUG, logger="vrt"):
-        yield
-    bad = [r for r in caplog.records if r.name.startswith("vrt") and r.levelno >= logging.ERROR]
-    assert not bad, [r.getMessage() for r in bad]
-    traced = [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG]
-    assert not traced, [r.getMessage() for r in traced]
 
 
 # -- raw peers -----------------------------------------------------------------------------------

@@ -10,8 +10,6 @@ with spans dropped at the start, as without the SDK)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -33,7 +31,7 @@ from opentelemetry.util.types import Attributes
 import vrt
 import vrt.models
 from tests.conftest import Log, until
-from tests.servers import ROOT, free_port
+from tests.test_browser import serving
 from vrt.testing import FakeProvider
 
 
@@ -382,19 +380,8 @@ async def test_the_server_metrics(vrt_serve: Any) -> None:
 def test_vrt_serve_metrics_in_prometheus_format() -> None:
     """``vrt serve --metrics``: ``GET /metrics`` shows the calls by code in Prometheus'
     text format after a session ran a turn (a real client, a real process)."""
-    port = free_port()
-    command = ("serve", "tests.serve_agent:agent", "--metrics", "--port", str(port))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vrt", *command],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        assert "vrt serve:" in process.stdout.readline().decode()
-        assert "metrics at" in process.stdout.readline().decode()
-        url = f"ws://127.0.0.1:{port}/"
+    command = ("serve", "tests.serve_agent:agent", "--metrics", "--port", "0")
+    with serving("", command) as url:
 
         async def one_turn() -> None:
             async with vrt.connect(url) as client, client.subscribe() as channel:
@@ -402,19 +389,15 @@ def test_vrt_serve_metrics_in_prometheus_format() -> None:
                 await until(Log(channel), lambda e: isinstance(e, vrt.TurnEnded))
 
         trio.run(one_turn)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        page_url = "http" + url[2:] + "metrics"
+        with urllib.request.urlopen(page_url, timeout=5) as answer:
             kind = answer.headers["content-type"]
             page = answer.read().decode()
-    finally:
-        process.terminate()
-        _, err = process.communicate(timeout=10)
     assert kind.startswith("text/plain; version=")
     assert "# TYPE vrt_tool_calls_total counter" in page
     lines = [line for line in page.splitlines() if line.startswith("vrt_tool_calls_total{")]
     assert any('vrt_result_code="OK"' in line for line in lines), lines
     assert "vrt_sessions_open" in page and "vrt_frames_total" in page
-    errors = [x for x in err.decode().splitlines() if " ERROR " in x or "Traceback" in x]
-    assert not errors, errors
 
 
 def test_metrics_without_prometheus_client_is_a_clear_error(

@@ -26,7 +26,7 @@ from tests import servers
 from tests.test_hostile import closed_by_server
 from vrt.testing import LoopbackProxy
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.usefixtures("no_errors")]
 
 HOST = "127.0.0.1"
 CA = trustme.CA()
@@ -43,17 +43,6 @@ def client_context() -> ssl.SSLContext:
     context = ssl.create_default_context()
     CA.configure_trust(context)
     return context
-
-
-@pytest.fixture(autouse=True)
-def no_errors(caplog: pytest.LogCaptureFixture) -> Any:
-    """No ERROR (or worse) from vrt's loggers, and no traceback above DEBUG."""
-    with caplog.at_level(logging.DEBUG, logger="vrt"):
-        yield
-    bad = [r for r in caplog.records if r.name.startswith("vrt") and r.levelno >= logging.ERROR]
-    assert not bad, [r.getMessage() for r in bad]
-    traced = [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG]
-    assert not traced, [r.getMessage() for r in traced]
 
 
 def _agent() -> vrt.Agent:
