@@ -53,6 +53,12 @@ the sessions are idle) are the application's own GC tuning, off by default, to c
 server as ``vrt serve`` processes instead, with a store, and compare configurations in one
 run (bench/load_nodes.py; bench/README.md, "Serving in production").
 
+``--tracing`` runs one worker without a store as ``vrt serve`` and again through
+bench/tracing.py, which installs the OpenTelemetry SDK in the server's process first
+(``--tracing-modes``: traces, traces+metrics), the windows interleaved; server CPU per turn
+traced over untraced, per round and over the run, and the spans the SDK exported against
+the turns the clients finished (bench/README.md, "Tracing on against off").
+
 ``--profile`` (cProfile of the measured turns, one process) and ``--tracemalloc``
 (allocation sites of the idle sessions, and of the soak's growth) find where a figure
 comes from. Wall time is printed per phase and in total.
@@ -1014,7 +1020,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="1 worker without the store, 1 with it, --workers N with it: windows interleaved",
     )
     add("--client", choices=["light", "vrt"], default="light", help="the clients (light)")
-    add("--levels", default="50,200", help="sessions at think 0, one window each (50,200)")
+    add(
+        "--levels",
+        default=None,
+        help="sessions at think 0, one window each (50,200; --tracing: 50)",
+    )
     add("--window", type=float, default=10.0, help="seconds of each window (10)")
     add("--settle", type=float, default=2.0, help="seconds before a window (2)")
     add("--rounds", type=int, default=2, help="rounds of windows, configurations interleaved (2)")
@@ -1024,6 +1034,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--rolling-pause", type=float, default=2.0, help="s between two workers' restarts (2)")
     add("--logs", default="", help="keep the servers' logs (and --py-spy's) in this folder")
     add("--py-spy", action="store_true", help="then a window with py-spy on the servers")
+    group = parser.add_argument_group(
+        "tracing on against off (bench/tracing.py installs the OpenTelemetry SDK in the server)"
+    )
+    add = group.add_argument
+    add(
+        "--tracing",
+        action="store_true",
+        help="1 worker, no store, as vrt serve and through bench/tracing.py: windows interleaved",
+    )
+    add(
+        "--tracing-modes",
+        default="traces,traces+metrics",
+        help="the servers through bench/tracing.py, by its mode: traces, traces+metrics, "
+        "metrics, off (the launcher alone); traces,traces+metrics",
+    )
     add = parser.add_argument
     add("--role", choices=["all", "clients"], default="all", help=argparse.SUPPRESS)
     add("--url", default="", help=argparse.SUPPRESS)
@@ -1031,6 +1056,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.sessions, args.turns, args.think, args.idle = 100, 2, 1.0, 1.0
     nodes = args.compare or args.store is not None or args.workers is not None or args.rolling
+    nodes = nodes or args.tracing
+    if args.tracing:
+        if args.compare or args.store is not None or (args.workers or 1) > 1 or args.rolling:
+            parser.error("--tracing runs 1 worker without a store: no --compare, --store, ...")
+        args.tracing_modes = [mode for mode in args.tracing_modes.split(",") if mode]
+        modes = {"traces", "traces+metrics", "metrics", "off"}
+        if not args.tracing_modes or not set(args.tracing_modes) <= modes:
+            parser.error(f"--tracing-modes: of {', '.join(sorted(modes))}")
+    if args.levels is None:
+        args.levels = "50" if args.tracing else "50,200"
     args.workers = args.workers or 1
     if args.recycle is None:
         args.recycle = 20 if nodes else 0

@@ -35,6 +35,10 @@ runs it (bench/README.md, "Serving in production"); this module is its machinery
   turn boundary, their clients closed with 1012 and resumed on the other worker; the
   parent starts it again); the gap each client sees (``vrt.Reconnecting`` to
   ``vrt.Resumed``), and every turn that failed or session that closed.
+- **Tracing on against off** (``--tracing``): one worker without a store as ``vrt serve``
+  and as bench/tracing.py's launcher (the OpenTelemetry SDK installed first), the windows
+  interleaved the same way; server CPU per turn traced over untraced, and the spans the
+  launcher reports at exit against the turns the clients finished.
 """
 
 from __future__ import annotations
@@ -423,8 +427,13 @@ class Served:
         ]
 
 
-def serve_command(workers: int, store: str | None, port: int, target: str) -> list[str]:
-    command = [sys.executable, "-m", "vrt", "serve", target, "--host", HOST, "--port", str(port)]
+def serve_command(
+    workers: int, store: str | None, port: int, target: str, otel: str | None = None
+) -> list[str]:
+    """The ``vrt serve`` command line; with ``otel`` (``traces``, ``traces+metrics``) through
+    bench/tracing.py, which installs the OpenTelemetry SDK first (``--tracing``)."""
+    launcher = ["tracing.py", otel] if otel else ["-m", "vrt"]
+    command = [sys.executable, *launcher, "serve", target, "--host", HOST, "--port", str(port)]
     if workers > 1:
         command += ["--workers", str(workers)]
     if store is not None:
@@ -442,11 +451,12 @@ async def vrt_serve(
     target: str = "load_agent:agent",
     env: dict[str, str] | None = None,
     extra: Sequence[str] = (),
+    otel: str | None = None,
 ) -> AsyncIterator[Served]:
     """``vrt serve`` in a process of its own (cwd: bench/, so ``load_agent`` imports),
     until SIGINT on the way out."""
     port = free_port()
-    command = serve_command(workers, store, port, target) + list(extra)
+    command = serve_command(workers, store, port, target, otel) + list(extra)
     log = folder / f"{label.replace(' ', '-').replace(',', '')}.log"
     environment = {**os.environ, **(env or {})}
     with log.open("wb") as err:
@@ -1251,6 +1261,7 @@ class Config:
     label: str
     workers: int
     store: Redis | None
+    otel: str | None = None  # --tracing: bench/tracing.py's mode
 
 
 @dataclass
@@ -1263,6 +1274,8 @@ class Result:
     problems: list[str] = field(default_factory=list)
     rolling: dict[str, Any] | None = None
     rounds: dict[str, list[Window]] = field(default_factory=dict)  # every window, by phase
+    turns_total: int = 0  # every turn its clients finished, windows or not
+    log: Path | None = None
 
     @property
     def saturated(self) -> Window:
@@ -1286,7 +1299,9 @@ async def start_config(
     """The configuration's ``vrt serve`` and its sessions, connected and idle."""
     store_url = config.store.url if config.store is not None else None
     served = await stack.enter_async_context(
-        vrt_serve(config.label, config.workers, store_url, folder, env=_agent_env(args))
+        vrt_serve(
+            config.label, config.workers, store_url, folder, env=_agent_env(args), otel=config.otel
+        )
     )
     print(f"\n== {config.label}\nserver: (cd bench && {' '.join(_shown(served.command))})")
     clients = contextlib.AsyncExitStack()
@@ -1368,6 +1383,8 @@ async def run_configs(
             for phase, think, n in phases:
                 for run in order:
                     await measure(args, run, phase, think, n)
+        if args.tracing:
+            await trio.sleep(2)  # the last turns end: every span is counted against a turn
         print(f"\n-- every round together ({args.rounds} windows of each)")
         for run in runs:
             merged = {phase: merge(phase, ws) for phase, ws in run.windows.items()}
@@ -1382,6 +1399,8 @@ async def run_configs(
             result.rounds = run.windows
             end = await run.fleet.sample()
             result.turns_per_session = end["turns"] / max(1, end["sessions"])
+            result.turns_total = end["turns"]
+            result.log = run.served.log
             if run.config.store is not None:
                 result.records = run.config.store.session_records(run.served.pids())
             results.append(result)
@@ -1751,28 +1770,136 @@ def print_rounds(results: list[Result]) -> None:
         )
 
 
+# -- tracing on against off (--tracing) ----------------------------------------------------------
+
+TARGET_TRACING = 1.15
+"""Issue 21: CPU per turn with tracing on (SDK, batch processor, in-memory exporter) at
+most 1.15x tracing off, paced, in one run."""
+
+TRACING_MARK = "vrt-bench-tracing "  # bench/tracing.py's line in the server's log
+
+
+def tracing_report(log: Path | None) -> dict[str, Any] | None:
+    """bench/tracing.py's last line in a server's log: what the SDK recorded."""
+    if log is None:
+        return None
+    found = None
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith(TRACING_MARK):
+            found = json.loads(line[len(TRACING_MARK) :])
+    return found
+
+
+def _cpu(w: Window) -> float:
+    return w.per_turn(w.server_cpu)
+
+
+def print_tracing(results: list[Result], args: argparse.Namespace) -> None:
+    """Each traced configuration against the untraced one: server CPU per turn (paced: the
+    target; at saturation beside it) and turns/s, per round and over the run; then what
+    the SDK recorded against what the clients saw."""
+    base = results[0]
+    steps = args.steps
+    per_turn = {"invoke_agent": 1, "chat": steps + 1, "execute_tool": 2 * steps}
+    for traced in results[1:]:
+        print(f"\n== {traced.config.label} against {base.config.label}, this run")
+        for i in range(len(base.rounds["paced"])):
+            parts = []
+            for phase in base.rounds:
+                b, t = base.rounds[phase][i], traced.rounds[phase][i]
+                parts.append(
+                    f"{phase}: CPU/turn {_cpu(t) * 1e3:.2f} / {_cpu(b) * 1e3:.2f} ms = "
+                    f"{_cpu(t) / _cpu(b):.3f}x, turns/s {t.rate:,.1f} / {b.rate:,.1f} = "
+                    f"{t.rate / b.rate:.3f}x"
+                )
+            print(f"  round {i + 1}: " + "; ".join(parts))
+        for b, t in ((base.paced, traced.paced), *zip(base.levels, traced.levels, strict=True)):
+            ratio = _cpu(t) / _cpu(b)
+            target = (
+                f"   target <= {TARGET_TRACING}x  {verdict(ratio <= TARGET_TRACING)}"
+                if b is base.paced
+                else ""
+            )
+            print(
+                f"  {b.label}, every round: server CPU per turn {_cpu(t) * 1e3:.3f} / "
+                f"{_cpu(b) * 1e3:.3f} ms = {ratio:.3f}x; turns/s {t.rate:,.1f} / {b.rate:,.1f}"
+                f" = {t.rate / b.rate:.3f}x" + target
+            )
+        report = tracing_report(traced.log)
+        if report is None:
+            print("  NO REPORT from bench/tracing.py in the server's log: spans unchecked")
+            continue
+        turns = traced.turns_total
+        threads = report.get("threads", {})
+        worker = threads.get("OtelBatchSpanRecordProcessor", 0.0)
+        print(
+            f"  the server's threads over the whole run: {sum(threads.values()):,.2f} s of CPU, "
+            f"of which the batch processor's worker {worker:,.2f} s ("
+            f"{worker / max(turns, 1) * 1e6:,.0f} us a turn); "
+            + ", ".join(f"{name} {cpu:,.2f} s" for name, cpu in threads.items())
+        )
+        if "spans" in report:
+            spans = report["spans"]
+            expected = {name: turns * n for name, n in per_turn.items()}
+            ok = all(spans.get(name, 0) == count for name, count in expected.items())
+            print(
+                f"  spans exported: {sum(spans.values()):,} in {report['batches']:,} batches ("
+                + ", ".join(f"{name} {spans.get(name, 0):,}" for name in per_turn)
+                + f"); the clients finished {turns:,} turns: expected "
+                + ", ".join(f"{count:,}" for count in expected.values())
+                + f" ({sum(per_turn.values())} a turn)  {'OK' if ok else 'MISMATCH'}"
+            )
+        if "metrics" in report:
+            sums = report["metrics"]["sums"]
+            points = sum(report["metrics"]["points"].values())
+            recorded = sums.get("vrt.turn.duration count", 0)
+            print(
+                f"  metrics: {len(report['metrics']['points'])} instruments, {points} data "
+                f"points; turns recorded {recorded:,} ({'OK' if recorded == turns else 'MISMATCH'}"
+                f"), calls {sums.get('vrt.tool.calls', 0):,.0f} (expected {2 * steps * turns:,})"
+                f", frames {sums.get('vrt.frames', 0):,.0f}"
+            )
+
+
+async def compare_configs(
+    args: argparse.Namespace, redis: Redis | None, folder: Path
+) -> list[Result]:
+    """``--compare`` (or one configuration): run them, print the comparisons."""
+    if args.store is not None and args.store != "auto":
+        print(f"store: {args.store} (used as is)")
+    configs = []
+    if args.compare:
+        configs.append(Config("1 worker, no store", 1, None))
+        if redis is not None and args.workers > 1:
+            configs.append(Config("1 worker, store", 1, redis))  # the store's own cost
+    label = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
+    configs.append(Config(label + (", store" if redis else ", no store"), args.workers, redis))
+    results = await run_configs(args, configs, folder)
+    if len(results) > 1:
+        print_comparison(results[0], results[-1], args)
+    if len(results) > 2:
+        print_comparison(results[0], results[1], args, targets=False)
+        print_comparison(results[1], results[2], args, targets=False)
+    return results
+
+
 async def run_all(args: argparse.Namespace) -> None:
     with the_store(args.store) as redis, tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.logs) if args.logs else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        if args.store is not None and args.store != "auto":
-            print(f"store: {args.store} (used as is)")
-        configs = []
-        if args.compare:
-            configs.append(Config("1 worker, no store", 1, None))
-            if redis is not None and args.workers > 1:
-                configs.append(Config("1 worker, store", 1, redis))  # the store's own cost
-        label = f"{args.workers} worker{'s' if args.workers > 1 else ''}"
-        configs.append(Config(label + (", store" if redis else ", no store"), args.workers, redis))
-        results = await run_configs(args, configs, folder)
-        if len(results) > 1:
-            print_comparison(results[0], results[-1], args)
-        if len(results) > 2:
-            print_comparison(results[0], results[1], args, targets=False)
-            print_comparison(results[1], results[2], args, targets=False)
+        if args.tracing:
+            configs = [Config("tracing off", 1, None)]
+            configs += [
+                Config(mode if mode != "off" else "tracing.py off", 1, None, otel=mode)
+                for mode in args.tracing_modes
+            ]
+            results = await run_configs(args, configs, folder)
+            print_tracing(results, args)
+        else:
+            results = await compare_configs(args, redis, folder)
         problems = sum(len(r.problems) for r in results)
         errors = sum(sum(w.errors.values()) for r in results for w in [r.paced, *r.levels])
-        if len(results) > 1 and args.rounds > 1:
+        if len(results) > 1 and args.rounds > 1 and not args.tracing:
             print_rounds(results)
         print(f"\n  client errors in the windows: {errors}; server log warnings/errors: {problems}")
 
