@@ -50,7 +50,10 @@ class Switch(Sampler):
         links: Sequence[Link] | None = None,
         trace_state: Any = None,
     ) -> SamplingResult:
-        return SamplingResult(Decision.RECORD_AND_SAMPLE if self.on else Decision.DROP)
+        # A sampler hands the span its attributes (those given at the start, as the SDK's own
+        # samplers do).
+        decision = Decision.RECORD_AND_SAMPLE if self.on else Decision.DROP
+        return SamplingResult(decision, attributes)
 
     def get_description(self) -> str:
         return "Switch"

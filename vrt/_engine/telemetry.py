@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterable
 from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from vrt._core.results import Kind, ToolResult
@@ -80,12 +82,6 @@ SESSIONS_OPEN = _meter.create_up_down_counter(
 RESUMES = _meter.create_counter(
     "vrt.resumes", unit="{resume}", description="Sessions resumed on a new connection"
 )
-FRAMES = _meter.create_counter(
-    "vrt.frames", unit="{frame}", description="WebSocket frames by direction (in, out)"
-)
-FRAME_BYTES = _meter.create_counter(
-    "vrt.frame.size", unit="By", description="Bytes of WebSocket frames by direction (in, out)"
-)
 REFUSALS = _meter.create_counter(
     "vrt.refusals",
     unit="{refusal}",
@@ -94,15 +90,43 @@ REFUSALS = _meter.create_counter(
 )
 
 
-INBOUND = {"vrt.direction": "in"}
-OUTBOUND = {"vrt.direction": "out"}
+INBOUND = [0, 0]
+"""Frames and bytes received, since the process started."""
+OUTBOUND = [0, 0]
+"""Frames and bytes sent, since the process started."""
 
 
-def frame(direction: dict[str, str], data: str | bytes) -> None:
-    """Count one WebSocket frame (``direction``: :data:`INBOUND` or :data:`OUTBOUND`)."""
-    FRAMES.add(1, direction)
-    size = len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
-    FRAME_BYTES.add(size, direction)
+def frame(direction: list[int], data: str | bytes) -> None:
+    """Count one WebSocket frame (``direction``: :data:`INBOUND` or :data:`OUTBOUND`).
+
+    Plain integers, read when metrics are collected (an observable counter): a frame costs
+    an addition, not two instrument calls (a dozen frames a turn)."""
+    direction[0] += 1
+    direction[1] += len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
+
+
+def _observe(index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def observe(options: CallbackOptions) -> Iterable[Observation]:
+        return (
+            Observation(INBOUND[index], {"vrt.direction": "in"}),
+            Observation(OUTBOUND[index], {"vrt.direction": "out"}),
+        )
+
+    return observe
+
+
+FRAMES = _meter.create_observable_counter(
+    "vrt.frames",
+    callbacks=[_observe(0)],
+    unit="{frame}",
+    description="WebSocket frames by direction (in, out)",
+)
+FRAME_BYTES = _meter.create_observable_counter(
+    "vrt.frame.size",
+    callbacks=[_observe(1)],
+    unit="By",
+    description="Bytes of WebSocket frames by direction (in, out)",
+)
 
 
 def refused(reason: str) -> None:
@@ -160,28 +184,26 @@ class TurnSpans:
         self.started = time.monotonic()
         self.ended = False
         name = agent.name
-        span = _tracer.start_span(f"invoke_agent {name}", kind=SpanKind.INTERNAL)
+        self._model = model = _model_name(agent.model)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": name,
+            "gen_ai.conversation.id": session_id,
+            "gen_ai.request.model": model,
+            "vrt.turn.id": turn_id,
+            "vrt.epoch": epoch,
+        }
+        if capture:
+            message = {"role": "user", "parts": [{"type": "text", "content": text}]}
+            attributes["gen_ai.input.messages"] = _json([message])
+        # The attributes at the start, not set after: the SDK takes them in one pass.
+        span = _tracer.start_span(f"invoke_agent {name}", attributes=attributes)
         self.span = span
         self.recording = span.is_recording()
         self._context = trace.set_span_in_context(span) if self.recording else None
         self._step: Span | None = None
         self._step_started = 0.0
         self._first = False
-        self._model = _model_name(agent.model)
-        if self.recording:
-            span.set_attributes(
-                {
-                    "gen_ai.operation.name": "invoke_agent",
-                    "gen_ai.agent.name": name,
-                    "gen_ai.conversation.id": session_id,
-                    "gen_ai.request.model": self._model,
-                    "vrt.turn.id": turn_id,
-                    "vrt.epoch": epoch,
-                }
-            )
-            if capture:
-                message = {"role": "user", "parts": [{"type": "text", "content": text}]}
-                span.set_attribute("gen_ai.input.messages", _json([message]))
 
     # -- model steps ------------------------------------------------------------------------------
 
@@ -191,20 +213,17 @@ class TurnSpans:
         self._first = False
         if not self.recording:
             return
-        span = _tracer.start_span(
-            f"chat {self._model}", context=self._context, kind=SpanKind.CLIENT
-        )
-        span.set_attributes(
-            {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": self._model,
-                "vrt.step": step,
-            }
-        )
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": self._model,
+            "vrt.step": step,
+        }
         provider = getattr(self._agent.model, "provider", None)
         if isinstance(provider, str) and provider:
-            span.set_attribute("gen_ai.provider.name", provider)
-        self._step = span
+            attributes["gen_ai.provider.name"] = provider
+        self._step = _tracer.start_span(
+            f"chat {self._model}", self._context, SpanKind.CLIENT, attributes
+        )
 
     def current(self) -> Token[Context] | None:
         """Make the step's span current in the turn's task while the model streams (an
@@ -232,10 +251,15 @@ class TurnSpans:
         span = self._step
         if span is None:
             return
-        if input_tokens is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
-        if output_tokens is not None:
-            span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+        counts = {
+            key: value
+            for key, value in (
+                ("gen_ai.usage.input_tokens", input_tokens),
+                ("gen_ai.usage.output_tokens", output_tokens),
+            )
+            if value is not None
+        }
+        span.set_attributes(counts)
 
     def step_ended(self, error: BaseException | None = None) -> None:
         """The step's stream ended (``error``: it failed)."""
@@ -290,30 +314,25 @@ class TurnSpans:
 class CallSpan:
     """One call's ``execute_tool`` span, and its metrics once it has its result."""
 
-    __slots__ = ("_attributes", "_spans", "span", "started")
+    __slots__ = ("_kind", "_name", "_spans", "span", "started")
 
     def __init__(self, spans: TurnSpans, call_id: str, name: str, kind: Kind) -> None:
         self._spans = spans
+        self._name = name
+        self._kind = kind
         self.started = time.monotonic()
-        self._attributes = {
-            "gen_ai.tool.name": name,
-            "vrt.tool.kind": kind,
-        }
         self.span: Span | None = None
         if spans.recording:
-            span = _tracer.start_span(
-                f"execute_tool {name}", context=spans._context, kind=SpanKind.INTERNAL
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": name,
+                "gen_ai.tool.call.id": call_id,
+                "gen_ai.tool.type": "function" if kind == "server" else "extension",
+                "vrt.tool.kind": kind,
+            }
+            self.span = _tracer.start_span(
+                f"execute_tool {name}", spans._context, SpanKind.INTERNAL, attributes
             )
-            span.set_attributes(
-                {
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": name,
-                    "gen_ai.tool.call.id": call_id,
-                    "gen_ai.tool.type": "function" if kind == "server" else "extension",
-                    "vrt.tool.kind": kind,
-                }
-            )
-            self.span = span
 
     def enter(self) -> None:
         """Make the call's span current in the calling task (the call's own: its context
@@ -343,7 +362,8 @@ class CallSpan:
     def end(self, phase: str, result: ToolResult) -> None:
         """The call has its one result (``phase``: settled, cancelled or failed)."""
         code = "OK" if result.ok else str(result.code)
-        attributes = {**self._attributes, "vrt.result.code": code}
+        attributes = {"gen_ai.tool.name": self._name, "vrt.tool.kind": self._kind}
+        attributes["vrt.result.code"] = code
         CALLS.add(1, attributes)
         CALL_DURATION.record(time.monotonic() - self.started, attributes)
         span = self.span
@@ -351,13 +371,17 @@ class CallSpan:
             return
         self.span = None
         span.add_event(phase)
-        span.set_attribute("vrt.result.code", code)
+        capture = self._spans.capture
         if result.ok:
-            if self._spans.capture:
-                span.set_attribute("gen_ai.tool.call.result", _json(result.output))
+            if capture:
+                span.set_attributes(
+                    {"vrt.result.code": code, "gen_ai.tool.call.result": _json(result.output)}
+                )
+            else:
+                span.set_attribute("vrt.result.code", code)
         else:
-            span.set_attribute("error.type", code)
-            description = result.message if self._spans.capture and result.message else code
+            span.set_attributes({"vrt.result.code": code, "error.type": code})
+            description = result.message if capture and result.message else code
             span.set_status(Status(StatusCode.ERROR, description))
         span.end()
 
