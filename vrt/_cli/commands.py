@@ -21,6 +21,7 @@ import vrt
 from vrt import check as vrt_check
 from vrt._cli import demo_agent
 from vrt._cli.demo import FAST, run_demo
+from vrt._cli.telemetry import install_prometheus
 from vrt._engine.groups import single_unwrapped
 from vrt._net.node import default_name
 
@@ -71,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
         "--web",
         action="store_true",
         help="serve the demo page instead: open http://127.0.0.1:PORT/ in a browser, where "
-        "the page hosts the app tools (until interrupted)",
+        "the page hosts the app tools (until interrupted); GET /metrics shows the calls by "
+        "result code (with trio-vrt[metrics])",
     )
     demo.add_argument(
         "--port", type=_port, default=8765, help="with --web: the port (default: %(default)s)"
@@ -117,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         "--web",
         action="store_true",
         help="also serve the demo page at / (its app tools edit a document in the page)",
+    )
+    serve.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve GET /metrics in Prometheus' text format (needs trio-vrt[metrics]; with "
+        "--workers, each worker answers for itself)",
     )
     production = serve.add_argument_group(
         "serving in production (docs/deploy.md)",
@@ -321,6 +329,11 @@ def _serve(args: argparse.Namespace) -> int:
 
         return supervise(args)
     agent = load_agent(args.target)
+    if args.metrics:
+        missing = install_prometheus()
+        if missing is not None:
+            print(f"vrt serve: --metrics: {missing}", file=sys.stderr)
+            return 2
     options = {
         flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
         for flag, *_ in _SAFETY
@@ -341,6 +354,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.target,
         allowed_origins=args.allowed_origins,
         web_demo=args.web,
+        metrics=args.metrics,
         **options,
         **production,
     )
@@ -372,6 +386,9 @@ def _serve_until_interrupted(
                 if options.get("web_demo"):
                     page = server.url.replace("ws://", "http://")
                     print(f"vrt serve: the demo page is {page}", flush=True)
+                if options.get("metrics"):
+                    page = server.url.replace("ws://", "http://") + "metrics"
+                    print(f"vrt serve: metrics at {page}", flush=True)
                 log = logging.getLogger("vrt.server")
                 async for signum in signals:
                     if signum == signal.SIGTERM and server.node is not None and not drained:
@@ -414,8 +431,16 @@ def _demo(args: argparse.Namespace) -> int:
     scale = FAST if args.fast else 1.0
     if args.web:
         logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        missing = install_prometheus()
+        if missing is not None:
+            logging.getLogger("vrt").info("no GET /metrics: %s", missing)
         return _serve_until_interrupted(
-            demo_agent.agent(scale), "127.0.0.1", args.port, "the demo agent", web_demo=True
+            demo_agent.agent(scale),
+            "127.0.0.1",
+            args.port,
+            "the demo agent",
+            web_demo=True,
+            metrics=missing is None,
         )
     outcome = trio.run(functools.partial(run_demo, out, scale=scale, color=color))
     return 0 if outcome.ok else 1

@@ -96,6 +96,8 @@ class Agent:
     specs: tuple[ToolSpec, ...] = attrs.field(repr=False)
     sources: tuple[ToolSource, ...] = attrs.field(default=(), repr=False)
     """The live sources among the tools (MCP servers), in order of their first tool."""
+    name: str = "agent"
+    """What traces call the agent (``invoke_agent {name}``, ``gen_ai.agent.name``)."""
 
     def versions(self) -> tuple[int, ...]:
         """The sources' versions now (a change means new tools for the next step)."""
@@ -138,12 +140,14 @@ def define_agent(
     client_tool_timeout: float = 30.0,
     instructions: str = "",
     max_steps: int = 8,
+    name: str = "agent",
 ) -> Agent:
     """Check every definition and build an :class:`Agent`.
 
     Raises :class:`~vrt.DefinitionError` for a server tool without a risk, a ``parameters``
     that is not a valid JSON Schema object, duplicate names, an app tool passed as a server
-    tool, or a bad option.
+    tool, or a bad option. ``name`` is what traces call the agent (``invoke_agent
+    {name}``).
     """
     if not callable(getattr(model, "stream", None)):
         raise DefinitionError("model must have a stream(request) method (see vrt.Model)")
@@ -155,6 +159,8 @@ def define_agent(
         raise DefinitionError("max_steps must be an integer >= 1")
     if before_tool_call is not None and not callable(before_tool_call):
         raise DefinitionError("before_tool_call must be an async function of vrt.CallInfo")
+    if not (isinstance(name, str) and name.strip()):
+        raise DefinitionError(f"name must be a non-empty string, not {name!r}")
     registry: dict[str, RegisteredTool] = {}
     for tool in tools:
         if isinstance(tool, AppTool):
@@ -184,6 +190,7 @@ def define_agent(
             ToolSpec(name=t.name, description=t.description, parameters=t.parameters) for t in tools
         ),
         sources=tuple(sources.values()),
+        name=name,
     )
 
 

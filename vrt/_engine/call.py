@@ -79,6 +79,7 @@ class Call:
         "size",
         "text",
         "tool",
+        "trace",
         "turn",
     )
 
@@ -114,6 +115,8 @@ class Call:
         self.arguments: Any = None
         self.result: ToolResult | None = None
         self.signal = Signal()
+        self.trace = turn.spans.call(call_id, name, self.kind)
+        """The call's OpenTelemetry span."""
         self._emit(Phase.START)
 
     # -- driven by the turn as the model streams --------------------------------------------------
@@ -156,6 +159,7 @@ class Call:
         self.machine.send("complete")
         self.text, self.arguments = text, parsed
         self.fragments = []
+        self.trace.arguments(parsed)
         self._emit(Phase.ARGUMENTS_COMPLETE, arguments=self.arguments)
         return True
 
@@ -395,6 +399,7 @@ class Call:
     def progress(self, progress: Any) -> None:
         """``ctx.emit``: a ``progress`` phase while running; dropped once the call ended."""
         if self._send("progress"):
+            self.trace.phase(Phase.PROGRESS, progress, content=True)
             self._emit(Phase.PROGRESS, progress=progress)
 
     # -- results and events -----------------------------------------------------------------------
@@ -423,6 +428,7 @@ class Call:
             if first and line:
                 assert line[0].clear_to_send is not None
                 line[0].clear_to_send.set()  # the next app call may be sent now
+        self.trace.end(phase, result)
         self._emit(phase, **fields)
         self.turn.call_ended(self)
 

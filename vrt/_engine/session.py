@@ -22,6 +22,7 @@ from vrt._engine.call import AppHost, Call
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.history import Snapshot
 from vrt._engine.subscription import Subscription
+from vrt._engine.telemetry import capture_from_environment
 from vrt._engine.tools import schema_validator
 from vrt._engine.turn import Turn
 from vrt._errors import SessionClosed
@@ -44,8 +45,14 @@ class Session:
         app_tools: Iterable[ToolSpec] = (),
         app_host: AppHost | None = None,
         principal: Any = None,
+        capture_content: bool | None = None,
     ) -> None:
         self.agent = agent
+        self.capture_content = (
+            capture_from_environment() if capture_content is None else bool(capture_content)
+        )
+        """Whether traces carry content (the user's text, arguments, outputs, messages):
+        off unless asked for, or ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``."""
         self.principal = principal
         """Who the session's client is (``vrt.serve``'s ``authenticate``); ``ctx.principal``."""
         self.session_id = session_id
@@ -225,7 +232,7 @@ class Session:
                 previous.interrupt()
                 await previous.wait()
             self._turns += 1
-            turn = Turn(self, f"t_{self._turns}", self.epoch)
+            turn = Turn(self, f"t_{self._turns}", self.epoch, text)
             self._turn = turn
             self.record(UserInput(turn_id=turn.turn_id, text=text))
             if self.watched:
@@ -459,6 +466,7 @@ async def open_session(
     app_tools: Iterable[ToolSpec] = (),
     app_host: AppHost | None = None,
     principal: Any = None,
+    capture_content: bool | None = None,
 ) -> AsyncIterator[Session]:
     """Open an in-process session with ``agent`` (no network).
 
@@ -471,6 +479,10 @@ async def open_session(
     (``vrt.serve``): the client's app tools, offered to the model when the agent accepts
     client tools, where their calls run, and who the client is (tools see it as
     ``ctx.principal``).
+
+    Traces (OpenTelemetry, once the application configures its SDK) carry no content
+    unless ``capture_content`` is True (None: as the environment variable
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` says).
     """
     with single_unwrapped():
         async with trio.open_nursery() as nursery:
@@ -480,6 +492,7 @@ async def open_session(
                 app_tools=app_tools,
                 app_host=app_host,
                 principal=principal,
+                capture_content=capture_content,
             )
             await nursery.start(session.host)
             try:

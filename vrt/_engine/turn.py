@@ -20,8 +20,18 @@ from vrt._core.results import CallRecord, TurnResult, TurnStatus
 from vrt._core.tables import TURN
 from vrt._engine.call import Call, _describe
 from vrt._engine.current import current_session
+from vrt._engine.telemetry import TurnSpans
 from vrt._errors import InvalidTransition, ModelError, SessionClosed
-from vrt.models import AgentText, CallDelta, CallEnd, CallStart, HistoryItem, Text, TurnInterrupted
+from vrt.models import (
+    AgentText,
+    CallDelta,
+    CallEnd,
+    CallStart,
+    HistoryItem,
+    Text,
+    TurnInterrupted,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from vrt._engine.session import Session
@@ -34,10 +44,19 @@ STOPPED = "the model stopped before completing the arguments"
 class Turn:
     """A running turn. Await :meth:`wait` for its :class:`~vrt.TurnResult`."""
 
-    def __init__(self, session: Session, turn_id: str, epoch: int) -> None:
+    def __init__(self, session: Session, turn_id: str, epoch: int, text: str = "") -> None:
         self.session = session
         self.turn_id = turn_id
         self.epoch = epoch
+        self.spans = TurnSpans(
+            session.agent,
+            session.session_id,
+            turn_id,
+            epoch,
+            text,
+            capture=session.capture_content,
+        )
+        """The turn's OpenTelemetry spans (:mod:`vrt._engine.telemetry`)."""
         self._machine = TURN.new()
         self._scope = trio.CancelScope()
         self._calls: list[Call] = []  # every call of the turn, in call order
@@ -69,6 +88,7 @@ class Turn:
         self.session.epoch = epoch if epoch is not None else self.session.epoch + 1
         for call in list(self._open.values()):
             call.interrupt()
+        self.spans.end("interrupted")  # at the interrupt, not once the tasks have unwound
         self._scope.cancel()
 
     async def wait(self) -> TurnResult:
@@ -122,6 +142,9 @@ class Turn:
             with contextlib.suppress(InvalidTransition):
                 self._machine.send("error")
         except BaseException:
+            for call in self._open.values():
+                call.trace.cut()
+            self.spans.cut()
             self._ended.set()  # session closed: wait() raises SessionClosed
             self._calls, self._open = [], {}  # the calls never get results; hold nothing
             raise
@@ -170,16 +193,30 @@ class Turn:
     async def _stream_step(self, step: int, nursery: trio.Nursery) -> None:
         session = self.session
         request = session.request(self, step)
+        spans = self.spans
+        spans.step_started(step)
+        try:
+            await self._step_events(session.agent.model.stream(request), nursery)
+        except Exception as exc:
+            spans.step_ended(exc)
+            raise
+        spans.step_ended()
+
+    async def _step_events(self, stream: Any, nursery: trio.Nursery) -> None:
+        session = self.session
         calls = self._open
-        stream = session.agent.model.stream(request)
         closing: Any = (
             contextlib.aclosing(stream)
             if hasattr(stream, "aclose")
             else contextlib.nullcontext(stream)
         )
         pace = session.pace
+        first = True
         async with closing:
             async for event in stream:
+                if first:
+                    first = False
+                    self.spans.first_event()
                 if pace is not None:  # the transport is behind: wait for the peer
                     await pace()
                 # an interrupt may land while the model's await had already completed; the
@@ -217,6 +254,8 @@ class Turn:
                     self._text.append(event.text)
                     if session.watched:
                         session.emit(TextDelta(turn_id=self.turn_id, text=event.text))
+                elif isinstance(event, Usage):
+                    self.spans.usage(event.input_tokens, event.output_tokens)
                 else:
                     raise ModelError(f"the model streamed {event!r}, not a vrt.models event")
 
@@ -265,6 +304,7 @@ class Turn:
         )
         self._calls = []
         self._records = []
+        self.spans.end(status, message)
         self.session.turn_ended(self)
         if self.session.watched:
             self.session.emit(

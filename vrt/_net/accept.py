@@ -22,6 +22,8 @@ from typing import Any, NoReturn
 
 import trio
 
+from vrt._engine import telemetry
+
 log = logging.getLogger("vrt.server")
 
 _CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -235,6 +237,7 @@ class Accepting:
         self.done(entry)
         entry.evict()
         self.evicted += 1
+        telemetry.refused("pending_cap")
         self._full.warn(
             "%d connections are in their handshake (%s): the one waiting longest was "
             "closed to let a new one in",

@@ -23,6 +23,7 @@ from vrt._core.bounded import RecentSet
 from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._core.previews import Previews
 from vrt._core.results import ResultCode, ToolResult
+from vrt._engine import telemetry
 from vrt._engine.call import Call
 from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
@@ -161,6 +162,7 @@ class SessionActor:
         still drains (``stuck=False`` and little backlog) takes ``closed`` like any other
         close."""
         log.info("session %s closed (overflow): %s", self.log_id, why)
+        telemetry.refused("overflow")
         link = self.link
         if link is not None and (stuck or link.backlog > self.options.high_water_bytes):
             self.link = None
@@ -232,6 +234,7 @@ class SessionActor:
             app_tools=specs,
             app_host=self,
             principal=self.principal,
+            capture_content=self.options.capture_content,
         )
         if session.ignored_app_tools:
             log.warning(
@@ -304,6 +307,7 @@ class SessionActor:
         """A new connection resumes the session: the newest wins, the old one is closed."""
         session = self.session
         log.info("session %s resumed", self.log_id)
+        telemetry.RESUMES.add(1)
         self.proto.resume(hello, session.epoch if session is not None else 0)
         self._drop_link()
         _set(self._attached)

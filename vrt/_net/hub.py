@@ -18,6 +18,7 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed
 
+from vrt._engine import telemetry
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, GuardedStream, Pending, peer_address
 from vrt._net.actor import SessionActor
@@ -191,6 +192,7 @@ class Hub:
             else:
                 actor = SessionActor(self, proto, hello, principal, peer)
                 self.sessions[proto.session_id] = actor
+                telemetry.SESSIONS_OPEN.add(1)
                 self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
                 log.info("session %s opened for %s", proto.session_id, _shown(peer))
                 await self.nursery.start(actor.run)
@@ -209,9 +211,11 @@ class Hub:
         and the slots of those that left, for the resume window)."""
         options = self.options
         if len(self.sessions) >= options.max_sessions and not self._make_room(None):
+            telemetry.refused("sessions_cap")
             log.info("refused a session: at max_sessions (%d)", options.max_sessions)
             return False
         if self.by_peer.get(peer, 0) >= options.max_sessions_per_peer and not self._make_room(peer):
+            telemetry.refused("sessions_cap")
             log.info(
                 "refused a session of %s: at max_sessions_per_peer (%d)",
                 _shown(peer),
@@ -240,6 +244,7 @@ class Hub:
         if self.sessions.get(actor.proto.session_id) is not actor:
             return  # never registered (a failed adoption)
         del self.sessions[actor.proto.session_id]
+        telemetry.SESSIONS_OPEN.add(-1)
         if not self.sessions and self._emptied is not None:
             self._emptied.set()
         left = self.by_peer[actor.peer] - 1
@@ -275,6 +280,7 @@ class Hub:
             return
         if self.node is None or hello.resume.session_id in self.sessions:
             log.info("refused a resume (session, token, principal or lastSeq do not match)")
+            telemetry.refused("resume")
             proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
             await send_and_close(ws, proto.take_outbox())
             return
@@ -295,6 +301,7 @@ class Hub:
             await send_and_close(ws, [], 1011)
             return
         if actor is None:
+            telemetry.refused("resume")
             proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
             await send_and_close(ws, proto.take_outbox())
             return
@@ -399,6 +406,7 @@ class Hub:
         origin = m.Hello(seq=0, protocol=m.PROTOCOL, capabilities=proto.capabilities, tools=tools)
         actor = SessionActor(self, proto, origin, principal, peer, restored=state)
         self.sessions[proto.session_id] = actor
+        telemetry.SESSIONS_OPEN.add(1)
         self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
         log.info(
             "session %s adopted (%s)",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from trio_websocket import ConnectionClosed
 
+from vrt._engine import telemetry
 from vrt._net.pumps import send_frames
 from vrt._wire import messages as m
 
@@ -119,7 +120,9 @@ class Link:
 
     async def _writer(self, scope: trio.CancelScope) -> None:
         # The first frame is the welcome (or the resume's): never in a batch.
-        if await send_frames(self.frames, self.ws, self._sent, batch=self.batch, first_alone=True):
+        if await send_frames(
+            self.frames, self.ws, self._sent, batch=self.batch, first_alone=True, metered=True
+        ):
             with trio.move_on_after(FINISH_TIMEOUT):
                 await self.ws.aclose(code=self.close_code)  # closed, replaced or moved
         scope.cancel()
@@ -131,6 +134,7 @@ class Link:
                 frame = await self.ws.get_message()
             except ConnectionClosed:
                 return
+            telemetry.frame(telemetry.INBOUND, frame)
             if not self.current:
                 continue  # replaced or closed: drain until the close handshake ends
             if not await actor.rate.admit(self):
@@ -169,6 +173,7 @@ class RateLimit:
             actor = link.actor
             if self._limited_since is None or now - self._limited_at > 1.0:
                 self._limited_since = now
+                telemetry.refused("rate")
                 actor.proto.error(
                     m.RATE_LIMITED,
                     f"over {rate:g} messages a second: they are read more slowly "

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from vrt._net import metrics as metrics_page
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
@@ -54,6 +55,10 @@ class Options:
     allowed_origins: frozenset[str] | None = None
     web_demo: bool = False
     """Serve the demo page at ``/`` too (``vrt demo --web``, ``vrt serve --web``)."""
+    metrics: bool = False
+    """Serve ``GET /metrics`` (Prometheus' text format: :mod:`vrt._net.metrics`)."""
+    capture_content: bool | None = None
+    """Content in trace spans (None: as ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
 
     @property
     def high_water(self) -> int:
@@ -102,6 +107,8 @@ def make_options(
     authenticate: Any = None,
     allowed_origins: Collection[str] | None = None,
     web_demo: bool = False,
+    metrics: bool = False,
+    capture_content: bool | None = None,
 ) -> Options:
     """The :class:`Options` of a server, each option checked: ValueError naming the first
     bad one. ``vrt.serve`` and ``vrt.asgi.app`` both build theirs here, so they take the
@@ -130,7 +137,11 @@ def make_options(
         authenticate=authenticate,
         allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
         web_demo=web_demo,
+        metrics=bool(metrics),
+        capture_content=capture_content,
     )
+    if options.metrics and not metrics_page.available():
+        raise ValueError(f"metrics=True serves GET /metrics: {metrics_page.INSTALL_HINT}")
     if options.replay_limit_bytes < 2 * max_message_size:
         raise ValueError(
             f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "

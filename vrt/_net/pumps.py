@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import trio
 from trio_websocket import ConnectionClosed
 
+from vrt._engine import telemetry
 from vrt._wire import messages as m
 
 log = logging.getLogger("vrt")
@@ -50,6 +51,7 @@ async def send_frames(
     *,
     batch: int = 0,
     first_alone: bool = False,
+    metered: bool = False,
 ) -> bool:
     """Send every frame from ``frames`` on ``ws`` until the channel closes (True) or the
     connection does (False); ``sent(frame)`` after each one.
@@ -61,7 +63,8 @@ async def send_frames(
     :data:`~vrt._wire.messages.BATCH_MESSAGES` messages (it never
     waits for more, so a batch adds no latency), a message alone as itself.
     ``first_alone``: the first frame is never batched (the server's ``welcome``, which
-    tells the client batches may follow).
+    tells the client batches may follow). ``metered``: count each frame sent in the
+    server's metrics.
     """
     held: str | None = None  # taken from the channel, but over the last batch's limit
     first = first_alone
@@ -95,10 +98,13 @@ async def send_frames(
                 group.append(more)
                 count += 1
         first = False
+        data = frame if group is None else "[" + ",".join(group) + "]"
         try:
-            await ws.send_message(frame if group is None else "[" + ",".join(group) + "]")
+            await ws.send_message(data)
         except ConnectionClosed:
             return False
+        if metered:
+            telemetry.frame(telemetry.OUTBOUND, data)
         if sent is not None:
             if group is None:
                 sent(frame)

@@ -99,6 +99,8 @@ async def serve(
     authenticate: Authenticate | None = None,
     allowed_origins: Collection[str] | None = None,
     web_demo: bool = False,
+    metrics: bool = False,
+    capture_content: bool | None = None,
     store: str | Store | None = None,
     node: str | None = None,
     drain_timeout: float = DRAIN_TIMEOUT,
@@ -166,6 +168,17 @@ async def serve(
       in it is refused (403): browsers send it, so a page elsewhere cannot use a user's
       cookies to open a session. Requests without ``Origin`` (not a browser) pass.
 
+    Observability (OpenTelemetry, through its API: a no-op until the application configures
+    the SDK; see the README's "Traces and metrics"):
+
+    - Every turn, model step and call is a span (``invoke_agent``, ``chat``,
+      ``execute_tool``), with no content (user text, arguments, outputs, messages) unless
+      ``capture_content=True`` (None: ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``).
+    - ``metrics=True`` serves ``GET /metrics`` on the HTTP front, in Prometheus' text format:
+      ``prometheus_client``'s default registry, which the SDK's Prometheus reader fills
+      (``trio-vrt[metrics]``; ``vrt serve --metrics`` installs both). ValueError if
+      ``prometheus_client`` is missing.
+
     Serving in production (``handover-v1``, docs/deploy.md):
 
     - ``store``: ``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a
@@ -204,6 +217,8 @@ async def serve(
         authenticate=authenticate,
         allowed_origins=allowed_origins,
         web_demo=web_demo,
+        metrics=bool(metrics),
+        capture_content=capture_content,
     )
     drain_timeout = positive_number("drain_timeout", drain_timeout, zero=True)
     the_store = open_store(store) if isinstance(store, str) else store

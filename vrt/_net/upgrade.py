@@ -87,7 +87,7 @@ async def upgrade(
     """
     draining = server is not None and server.draining
     try:
-        if await front(stream, demo=options.web_demo, draining=draining):
+        if await front(stream, demo=options.web_demo, draining=draining, metrics=options.metrics):
             return None
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return None

@@ -23,6 +23,7 @@ import h11
 import trio
 
 from vrt._net.accept import GuardedStream
+from vrt._net.metrics import exposition
 
 log = logging.getLogger("vrt.server")
 
@@ -35,6 +36,8 @@ WEB_FILES = {
 
 HEALTH = "/healthz"
 """The health check: ``200 ok`` while accepting sessions, ``503 draining`` after SIGTERM."""
+METRICS = "/metrics"
+"""With ``metrics``: the process's metrics, in Prometheus' text format."""
 HEAD_LIMIT = 16 * 1024
 """The largest request head read (bytes): past it, ``431`` and the connection closed."""
 
@@ -55,11 +58,14 @@ DEMO_FILES = {"/": ("demo.html", "text/html; charset=utf-8")}
 """With ``web_demo``: the demo page too."""
 
 
-async def front(stream: GuardedStream, *, demo: bool = False, draining: bool = False) -> bool:
+async def front(
+    stream: GuardedStream, *, demo: bool = False, draining: bool = False, metrics: bool = False
+) -> bool:
     """Read the request head on ``stream``: True if it was answered here (the caller
     closes the connection), False if it is a WebSocket upgrade, put back for trio-websocket
     to read. ``demo``: serve the demo page at ``/`` as well. ``/healthz`` answers ``200
-    ok``, or ``503 draining`` once ``draining`` (a load balancer's health check). Raises
+    ok``, or ``503 draining`` once ``draining`` (a load balancer's health check); with
+    ``metrics``, ``/metrics`` answers the Prometheus text format (:mod:`vrt._net.metrics`). Raises
     ``trio.BrokenResourceError`` if the peer goes."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
     seen = bytearray()
@@ -95,7 +101,7 @@ async def front(stream: GuardedStream, *, demo: bool = False, draining: bool = F
         stream.unread(bytes(seen))  # the upgrade: trio-websocket reads it from the start
         return False
     path = event.target.split(b"?", 1)[0].decode("latin-1")
-    response = respond(event.method, path, headers, demo=demo, draining=draining)
+    response = respond(event.method, path, headers, demo=demo, draining=draining, metrics=metrics)
     await _send(stream, response)
     return True
 
@@ -118,6 +124,7 @@ def respond(
     *,
     demo: bool = False,
     draining: bool = False,
+    metrics: bool = False,
 ) -> Response:
     """The answer to a plain HTTP request (not an upgrade) for ``path`` (no query string),
     its ``headers`` keyed by lower-case name: the one route table of ``vrt.serve``'s front
@@ -131,7 +138,11 @@ def respond(
         status, text = (503, b"draining\n") if draining else (200, b"ok\n")
         no_cache = ((b"cache-control", b"no-store"),)
         return _response(status, text if method == b"GET" else b"", no_cache, length=len(text))
-    # (GET /metrics goes here: the Prometheus text, from the same route table.)
+    if path == METRICS and metrics:
+        page, kind = exposition()
+        no_cache = ((b"cache-control", b"no-store"),)
+        body = page if method == b"GET" else b""
+        return _response(200, body, no_cache, content_type=kind, length=len(page))
     if entry is None or found is None:
         return _response(404, b"not found", ())
     body, etag = found

@@ -6,7 +6,7 @@ is ``CallStart``, any number of ``CallDelta`` fragments of its JSON arguments, t
 ``CallEnd``. ``CallEnd(arguments=...)`` may carry the whole arguments at once (a model that
 does not stream them); otherwise the arguments are the concatenated deltas. A step whose
 stream ends with a call not ended means the model stopped before completing its arguments:
-that call fails.
+that call fails. A model may also say its token counts (``Usage``), which only traces show.
 
 The adapters of real models (each a :class:`Model` over HTTP, streaming Server-Sent
 Events): :class:`OpenAIChat` (Chat Completions, and vLLM, Ollama, llama.cpp, LM Studio),
@@ -31,6 +31,7 @@ from vrt.models._protocol import (
     Text,
     ToolSpec,
     TurnInterrupted,
+    Usage,
     UserInput,
 )
 from vrt.models._responses import render_openai_responses
@@ -51,6 +52,7 @@ __all__ = [
     "Text",
     "ToolSpec",
     "TurnInterrupted",
+    "Usage",
     "UserInput",
     "render_anthropic",
     "render_openai_chat",

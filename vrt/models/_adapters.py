@@ -101,6 +101,8 @@ class _Adapter:
 
     _path = ""
     _key_variable = ""
+    provider = ""
+    """Who serves the API, as traces name it (``gen_ai.provider.name``)."""
 
     def __init__(
         self,
@@ -286,6 +288,7 @@ class _OpenAI(_Adapter):
     """What the two OpenAI APIs share: the base URL, the key, the header."""
 
     _key_variable = "OPENAI_API_KEY"
+    provider = "openai"
 
     def __init__(
         self,
@@ -366,6 +369,7 @@ class AnthropicMessages(_Adapter):
 
     _path = "/v1/messages"
     _key_variable = "ANTHROPIC_API_KEY"
+    provider = "anthropic"
 
     def __init__(
         self,

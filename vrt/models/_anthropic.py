@@ -19,7 +19,16 @@ from typing import Any
 
 from vrt._errors import ModelError
 from vrt.models._chat import MakeId
-from vrt.models._protocol import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, Text
+from vrt.models._protocol import (
+    CallDelta,
+    CallEnd,
+    CallStart,
+    ModelEvent,
+    ModelRequest,
+    Text,
+    Usage,
+    tokens,
+)
 from vrt.models._render import User, arguments_object, conversation, result_text, tools_of
 
 _ID = re.compile(r"[^A-Za-z0-9_-]")
@@ -113,6 +122,7 @@ class AnthropicMapper:
         # index -> (vrt id, any input_json_delta yet, the input the block started with)
         self._blocks: dict[Any, tuple[str, bool, dict[str, Any]]] = {}
         self._held: CallEnd | None = None  # the last tool block's end, until it is sure
+        self._input: int | None = None  # input tokens, as message_start said
         self.finished = False
 
     def event(self, name: str, data: Any) -> list[ModelEvent]:
@@ -160,12 +170,32 @@ class AnthropicMapper:
                 CallEnd(call_id=call_id) if streamed else CallEnd(call_id=call_id, arguments=given)
             )
             return events
+        if kind == "message_start":
+            message = data.get("message")
+            usage = tokens(
+                message.get("usage") if isinstance(message, dict) else None,
+                "input_tokens",
+                "output_tokens",
+            )
+            if usage is None:
+                return []
+            self._input = usage.input_tokens
+            return [usage]
         if kind == "message_delta":
             delta = data.get("delta") or {}
             if isinstance(delta, dict) and delta.get("stop_reason") == "max_tokens":
                 self._held = None  # cut off, though its block was stopped: it fails
                 self._blocks.clear()  # still open: cut off, they fail
-            return self._release()
+            events = self._release()
+            usage = tokens(data.get("usage"), "input_tokens", "output_tokens")
+            if usage is not None:  # output_tokens so far; input_tokens was at the start
+                events.append(
+                    Usage(
+                        input_tokens=usage.input_tokens or self._input,
+                        output_tokens=usage.output_tokens,
+                    )
+                )
+            return events
         if kind == "message_stop":
             self.finished = True
             return self._release()

@@ -22,7 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 from vrt._errors import ModelError
-from vrt.models._protocol import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, Text
+from vrt.models._protocol import (
+    CallDelta,
+    CallEnd,
+    CallStart,
+    ModelEvent,
+    ModelRequest,
+    Text,
+    tokens,
+)
 from vrt.models._render import (
     Assistant,
     User,
@@ -148,6 +156,9 @@ class ChatMapper:
                 self._cut = True
             elif reason:  # tool_calls, stop (Ollama after calls), function_call, ...
                 events.extend(self._end_all())
+        usage = tokens(data.get("usage"), "prompt_tokens", "completion_tokens")
+        if usage is not None:  # the last chunk (OpenAI: stream_options.include_usage)
+            events.append(usage)
         return events
 
     def done(self) -> list[ModelEvent]:

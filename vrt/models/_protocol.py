@@ -48,7 +48,31 @@ class CallEnd:
     arguments: Any = None
 
 
-ModelEvent = Text | CallStart | CallDelta | CallEnd
+@attrs.frozen(kw_only=True)
+class Usage:
+    """The provider's token counts for this step (so far: a later report replaces an
+    earlier one). Optional: a model need not say it. The engine puts it on the step's
+    trace span (``gen_ai.usage.*``) and nowhere else."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+def tokens(usage: Any, given: str, made: str) -> Usage | None:
+    """A provider's ``usage`` object as :class:`Usage` (its counts under the keys ``given``
+    and ``made``), or None when it has neither as a whole number."""
+    if not isinstance(usage, dict):
+        return None
+    counts = [usage.get(key) for key in (given, made)]
+    counts = [
+        n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None for n in counts
+    ]
+    if counts == [None, None]:
+        return None
+    return Usage(input_tokens=counts[0], output_tokens=counts[1])
+
+
+ModelEvent = Text | CallStart | CallDelta | CallEnd | Usage
 
 
 # -- what the model is asked ---------------------------------------------------------------------

@@ -17,7 +17,15 @@ from typing import Any
 
 from vrt._errors import ModelError
 from vrt.models._chat import MakeId
-from vrt.models._protocol import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, Text
+from vrt.models._protocol import (
+    CallDelta,
+    CallEnd,
+    CallStart,
+    ModelEvent,
+    ModelRequest,
+    Text,
+    tokens,
+)
 from vrt.models._render import User, arguments_text, conversation, result_text, tools_of
 
 
@@ -121,7 +129,10 @@ class ResponsesMapper:
         if kind in ("response.completed", "response.incomplete"):
             self.finished = True
             self._items.clear()  # not done by now: cut off, they fail
-            return []
+            response = data.get("response")
+            found = response.get("usage") if isinstance(response, dict) else None
+            usage = tokens(found, "input_tokens", "output_tokens")
+            return [usage] if usage is not None else []
         if kind in ("error", "response.failed"):
             raise ModelError(f"the provider reported an error: {_message(data)}")
         return []  # response.created, in_progress, content parts, reasoning, ...

@@ -74,6 +74,9 @@ class FakeProvider:
     ``ollama`` sends each call whole in one chunk, every one at index 0 with a new id, its
     arguments as an object, and says ``finish_reason: "stop"`` after calls; ``llamacpp``
     sends no call ids and repeats an empty name in every delta.
+
+    ``usage=(input, output)``: every Chat Completions stream ends with a usage chunk, as
+    OpenAI's does with ``stream_options.include_usage``.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class FakeProvider:
         api: str = "openai-chat",
         dialect: str = "openai",
         delay: float = 0.0,
+        usage: tuple[int, int] | None = None,
     ) -> None:
         if api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, not {api!r}")
@@ -94,6 +98,7 @@ class FakeProvider:
         self.api = api
         self.dialect = dialect
         self.delay = delay
+        self.usage = usage
         self.port = 0
         self.requests: list[Any] = []
         """The JSON body of every request received, in order."""
@@ -359,6 +364,10 @@ class FakeProvider:
                     held = None
         finish = "stop" if dialect == "ollama" or calls == 0 else "tool_calls"
         yield chunk({"tool_calls": [held]} if held is not None else {}, finish)
+        if self.usage is not None:  # what stream_options.include_usage adds: a last chunk
+            given, made = self.usage
+            counts = {"prompt_tokens": given, "completion_tokens": made}
+            yield _data({"id": "chatcmpl-fake", "choices": [], "usage": counts})
         yield b"data: [DONE]\n\n"
 
     def _anthropic(self, step: Sequence[ScriptItem | StreamFailure]) -> Iterator[bytes | float]:
