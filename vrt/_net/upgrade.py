@@ -21,6 +21,7 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
+from vrt._engine import telemetry
 from vrt._net.accept import GuardedStream
 from vrt._net.options import Options
 from vrt._net.web import front
@@ -153,9 +154,11 @@ async def decide(
                 raise Refuse(401, "unauthorized")
     except Refuse as refusal:
         log.info("refused %s: %s", handshake.remote, refusal)
+        telemetry.refused("upgrade")
         return Refused(status=refusal.status, body=refusal.reason.encode("utf-8", "replace"))
     except Exception:  # the hook's bug: refuse, never crash the server
         log.exception("authenticate failed for %s", handshake.remote)
+        telemetry.refused("upgrade")
         return Refused(status=500, body=b"internal server error")
     return Admitted(principal=principal)
 
