@@ -56,7 +56,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1251,6 +1252,9 @@ class Config:
     label: str
     workers: int
     store: Redis | None
+    serve: Callable[[str, Path, dict[str, str]], AbstractAsyncContextManager[Served]] | None = None
+    """Starts the server instead of ``vrt serve`` (label, log folder, the agent's
+    environment): bench/asgi.py's hypercorn."""
 
 
 @dataclass
@@ -1287,6 +1291,8 @@ async def start_config(
     store_url = config.store.url if config.store is not None else None
     served = await stack.enter_async_context(
         vrt_serve(config.label, config.workers, store_url, folder, env=_agent_env(args))
+        if config.serve is None
+        else config.serve(config.label, folder, _agent_env(args))
     )
     print(f"\n== {config.label}\nserver: (cd bench && {' '.join(_shown(served.command))})")
     clients = contextlib.AsyncExitStack()

@@ -347,6 +347,43 @@ async def error_code(ws: Any) -> str:
             assert frame["type"] == "ack", frame
 
 
+async def test_the_connection_adapter_in_memory() -> None:
+    """AsgiConnection: frames in, ConnectionClosed at the disconnect, one close; a send
+    the server fails (hypercorn 0.18 lets trio's BusyResourceError out when the peer's
+    close and a send meet on the socket) is the connection's end, not an error."""
+    inbound, receive = trio.open_memory_channel[dict[str, Any]](10)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(dict(message))
+
+    ws = vrt.asgi.AsgiConnection(receive.receive, send, 1024)
+    await inbound.send({"type": "websocket.receive", "text": "one"})
+    await inbound.send({"type": "websocket.receive", "bytes": b"two"})
+    await inbound.send({"type": "websocket.disconnect", "code": 1001})
+    assert [await ws.get_message(), await ws.get_message()] == ["one", b"two"]
+    with pytest.raises(ConnectionClosed) as closed:
+        await ws.get_message()
+    assert closed.value.reason.code == 1001 and ws.closed is not None
+    with pytest.raises(ConnectionClosed):
+        await ws.send_message("late")
+    await ws.aclose()
+    assert sent == []  # the peer is gone: nothing sent, no close either
+
+    async def busy(message: dict[str, Any]) -> None:
+        sent.append(dict(message))
+        raise trio.BusyResourceError("another task is currently sending data")
+
+    ws = vrt.asgi.AsgiConnection(receive.receive, busy, 1024)
+    with pytest.raises(ConnectionClosed):
+        await ws.send_message("hello")
+    await ws.aclose(1000)  # over already: nothing more
+    ws = vrt.asgi.AsgiConnection(receive.receive, busy, 1024)
+    await ws.aclose(1000)
+    await ws.aclose(1000)
+    assert [m["type"] for m in sent] == ["websocket.send", "websocket.close"]
+
+
 def test_bad_options_raise() -> None:
     for option in ("host", "port", "max_pending_connections", "max_pending_per_peer",
                    "reuse_port", "relay_host"):  # fmt: skip

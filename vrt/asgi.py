@@ -326,9 +326,9 @@ class AsgiConnection:
         key = "text" if isinstance(message, str) else "bytes"
         try:
             await self._send({"type": "websocket.send", key: message})
-        except OSError as exc:  # ASGI: a send on a connection that is gone
-            self._closed = CloseReason(1006, None)
-            raise ConnectionClosed(self._closed) from exc
+        except Exception as exc:
+            self._gone(exc)
+            raise ConnectionClosed(self._closed) from None
 
     async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
         """Close the connection with ``code`` (once; nothing if the peer is gone)."""
@@ -338,8 +338,19 @@ class AsgiConnection:
         message: Message = {"type": "websocket.close", "code": code}
         if reason:
             message["reason"] = reason
-        with contextlib.suppress(OSError):
+        try:
             await self._send(message)
+        except Exception as exc:
+            self._gone(exc)
+
+    def _gone(self, exc: Exception) -> None:
+        """A send failed: the connection is over for us, whatever the server raised. ASGI
+        says an OSError; hypercorn (0.18) can also let trio's BusyResourceError out, when
+        the peer's close and a send of ours meet on the socket. The peer's timing, so a
+        DEBUG line, never an ERROR."""
+        log.debug("the ASGI server could not send: %r", exc)
+        if self._closed is None:
+            self._closed = CloseReason(1006, None)
 
 
 def _plain(status: int, body: bytes) -> Response:
