@@ -384,6 +384,56 @@ async def test_the_connection_adapter_in_memory() -> None:
     assert [m["type"] for m in sent] == ["websocket.send", "websocket.close"]
 
 
+async def test_the_app_called_in_memory() -> None:
+    """The app called by hand, as any ASGI 3 server would: its lifespan (started once,
+    a second start fails), a refusal without the ``websocket.http.response`` extension (a
+    close before the accept: the server answers 403), a path below ``root_path`` whether
+    or not the server left ``root_path`` in ``path``."""
+
+    async def nobody(request: vrt.HandshakeRequest) -> None:
+        return None
+
+    vrt_app = vrt.asgi.app(agent, authenticate=nobody)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(dict(message))
+
+    def receiving(*messages: dict[str, Any]) -> Any:
+        inbound, outbound = trio.open_memory_channel[dict[str, Any]](len(messages))
+        for message in messages:
+            inbound.send_nowait(message)
+        return outbound.receive
+
+    async with trio.open_nursery() as nursery:
+        to_app, lifespan_receive = trio.open_memory_channel[dict[str, Any]](2)
+        lifespan_send, from_app = trio.open_memory_channel[dict[str, Any]](2)
+        to_app.send_nowait({"type": "lifespan.startup"})
+        nursery.start_soon(
+            vrt_app, {"type": "lifespan"}, lifespan_receive.receive, lifespan_send.send
+        )
+        with trio.fail_after(5):
+            assert await from_app.receive() == {"type": "lifespan.startup.complete"}
+        again = receiving({"type": "lifespan.startup"})
+        await vrt_app({"type": "lifespan"}, again, send)
+        assert sent.pop()["type"] == "lifespan.startup.failed"
+
+        scope = {"type": "websocket", "path": "/vrt/", "root_path": "/vrt", "headers": [],
+                 "client": ("10.0.0.1", 5000)}  # fmt: skip
+        await vrt_app(scope, receiving({"type": "websocket.connect"}), send)
+        assert sent == [{"type": "websocket.close", "code": 1008}]
+        sent.clear()
+        for path in ("/vrt/healthz", "/healthz"):  # root_path kept in path, or not
+            scope = {"type": "http", "method": "GET", "path": path, "root_path": "/vrt",
+                     "headers": []}  # fmt: skip
+            await vrt_app(scope, receiving(), send)
+            assert (sent[0]["status"], sent[1]["body"]) == (200, b"ok\n"), path
+            sent.clear()
+        await to_app.send({"type": "lifespan.shutdown"})
+        with trio.fail_after(5):
+            assert await from_app.receive() == {"type": "lifespan.shutdown.complete"}
+
+
 def test_bad_options_raise() -> None:
     for option in ("host", "port", "max_pending_connections", "max_pending_per_peer",
                    "reuse_port", "relay_host"):  # fmt: skip
