@@ -34,13 +34,23 @@ from load_nodes import (
     Config,
     Result,
     Served,
+    children,
     free_port,
     print_rounds,
     run_configs,
+    sockets,
     vrt_commit,
 )
 
 import vrt
+
+
+class HypercornServed(Served):
+    """hypercorn's parent process and its one worker, which holds the sockets (the other
+    child is multiprocessing's resource tracker)."""
+
+    def worker_pids(self) -> dict[int, int]:
+        return {0: max([self.process.pid, *children(self.process.pid)], key=sockets)}
 
 
 @contextlib.asynccontextmanager
@@ -63,7 +73,7 @@ async def hypercorn(label: str, folder: Path, env: dict[str, str]) -> AsyncItera
                     if process.returncode is not None:
                         raise RuntimeError(f"hypercorn exited: {log.read_text()[-2000:]}")
                     await trio.sleep(0.1)
-            yield Served(process, f"ws://{HOST}:{port}/", port, command, log, 1)
+            yield HypercornServed(process, f"ws://{HOST}:{port}/", port, command, log, 1)
         finally:
             if process.returncode is None:
                 process.send_signal(signal.SIGINT)
