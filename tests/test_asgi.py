@@ -337,6 +337,34 @@ async def test_frame_limits_close_1009(no_errors: None) -> None:
             assert closed.value.reason.reason == "Exceeded maximum message size: 200000 bytes"
 
 
+async def test_sessions_per_peer_by_address_or_principal(no_errors: None) -> None:
+    """``max_sessions_per_peer`` counts by the client's address without a principal, by
+    principal with one: a second session that would go over it is refused (error
+    RATE_LIMITED, closed rejected) once the first has started a turn."""
+    hello = json.dumps({"type": "hello", "seq": 1, "protocol": "vrt/1", "capabilities": []})
+
+    async def second_session(port: int, path: str) -> list[str]:
+        async with raw(port, path) as ws:
+            await ws.send_message(hello)
+            with trio.fail_after(5):
+                return [json.loads(await ws.get_message())["type"] for _ in range(2)]
+
+    async def by_query(request: vrt.HandshakeRequest) -> str:
+        return request.path.rsplit("=", 1)[1]  # /vrt/?who=NAME: the principal NAME
+
+    for authenticate, first, other in ((None, "/vrt/", "/vrt/"),
+                                       (by_query, "/vrt/?who=a", "/vrt/?who=b")):  # fmt: skip
+        vrt_app = vrt.asgi.app(agent, max_sessions_per_peer=1, authenticate=authenticate)
+        async with hypercorn(starlette_app(vrt_app)) as port:
+            url = f"ws://{HOST}:{port}{first}"
+            async with vrt.connect(url, tools=[show]) as client, client.subscribe() as channel:
+                await client.send_text("go")
+                await until(Log(channel), lambda e: isinstance(e, vrt.TurnEnded))
+                assert await second_session(port, first) == ["error", "closed"]
+                if authenticate is not None:  # another principal, the same address
+                    assert (await second_session(port, other))[0] == "welcome"
+
+
 async def error_code(ws: Any) -> str:
     """The code of the next ``error`` frame (acks skipped)."""
     with trio.fail_after(5):
