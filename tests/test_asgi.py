@@ -462,6 +462,15 @@ async def test_the_app_called_in_memory() -> None:
             assert await from_app.receive() == {"type": "lifespan.shutdown.complete"}
 
 
+def test_import_vrt_does_not_load_it() -> None:
+    """``vrt.asgi`` is imported by who uses it (nor does it load hypercorn or Starlette)."""
+    check = (
+        "import sys, vrt; assert 'vrt.asgi' not in sys.modules; import vrt.asgi; "
+        "assert not {'hypercorn', 'starlette'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=ROOT, timeout=60)
+
+
 def test_bad_options_raise() -> None:
     for option in ("host", "port", "max_pending_connections", "max_pending_per_peer",
                    "reuse_port", "relay_host"):  # fmt: skip
