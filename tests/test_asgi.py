@@ -4,7 +4,7 @@ In process (``hypercorn.trio.serve`` on a free loopback port): a Starlette app w
 of its own (``GET /hello``) and vrt mounted at ``/vrt``, its sessions opened by Starlette's
 lifespan (``lifespan=vrt_app.lifespan``); and the app served alone, its lifespan run by
 hypercorn. Then the real ``hypercorn --worker-class trio`` command in a subprocess, with the
-Python client (a turn, a cut, a resume) and vrt.js in Chromium.
+Python client and vrt.js in Chromium (each a turn, a cut and a resume).
 """
 
 from __future__ import annotations
@@ -548,12 +548,12 @@ def hypercorn_command(target: str = "tests.test_asgi:served()") -> Iterator[int]
 @pytest.mark.network
 def test_the_hypercorn_command_python_client_and_vrt_js() -> None:
     """The real ``hypercorn --worker-class trio`` serving the Starlette app: the Python
-    client's turn, a cut and a resume (through a proxy that drops the connection), and a
-    turn of vrt.js in Chromium, both through ``/vrt/``."""
+    client and vrt.js in Chromium each run a turn, and each has its connection cut (by a
+    proxy that drops it) and resumes, all through ``/vrt/``."""
     with hypercorn_command() as port:
         assert trio.run(get, port, "/hello")[2] == b"hello from starlette"
         trio.run(resume_through_a_cut, port)
-        browser_turn(f"http://{HOST}:{port}/vrt/")
+        browser_turns(f"http://{HOST}:{port}/vrt/", port)
 
 
 async def resume_through_a_cut(port: int) -> None:
@@ -597,26 +597,84 @@ BROWSER_TURN = """async (url) => {
   return {settled, reason, closed: client.closed};
 }"""
 
+BROWSER_START = """async (url) => {
+  const { connect } = await import("/vrt/vrt.js");
+  const state = (window.vrtTest = {settled: [], lifecycle: [], ran: 0});
+  let running;
+  const runningNow = new Promise((r) => (running = r));
+  const client = await connect(url, {
+    resume: {backoff: 50},
+    tools: [{name: "show", description: "", parameters: {type: "object"},
+             run: async (args) => {
+               state.ran += 1;
+               running();
+               await new Promise((r) => setTimeout(r, 300));
+               return {shown: args.id};
+             }}],
+  });
+  client.addEventListener("tool.stream", (e) => {
+    if (e.detail.phase === "settled") {
+      state.settled.push([e.detail.name, e.detail.kind, e.detail.ok]);
+    }
+  });
+  for (const type of ["reconnecting", "resumed", "closed"]) {
+    client.addEventListener(type, () => state.lifecycle.push(type));
+  }
+  state.ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
+  state.client = client;
+  await client.sendText("go");
+  await runningNow;  // the app tool runs: the test cuts the connection now
+}"""
 
-def browser_turn(base: str) -> None:
+BROWSER_FINISH = """async () => {
+  const state = window.vrtTest;
+  const reason = (await state.ended).detail.reason;
+  await state.client.close();
+  return {settled: state.settled, lifecycle: state.lifecycle, ran: state.ran, reason};
+}"""
+
+
+def browser_turns(base: str, port: int) -> None:
+    """vrt.js in Chromium: a turn; then a turn whose connection is cut while its app tool
+    runs (tests/web_proxy.py in front of ``port``), resumed with nothing lost or run twice."""
     from playwright.sync_api import sync_playwright
 
     from tests.test_browser import CHROMIUM, run_js
 
     assert CHROMIUM is not None, "Debian's chromium is needed (.ci/run installs it)"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page()
-            console: list[str] = []
-            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-            page.goto(base + "machines.js")
-            got = run_js(page, BROWSER_TURN, base.replace("http://", "ws://"))
-        finally:
-            browser.close()
-    assert got == {
-        "settled": [["lookup", "server", True], ["show", "app", True]],
+    proxy = subprocess.Popen(
+        [sys.executable, "tests/web_proxy.py", str(port)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proxy.stdin is not None and proxy.stdout is not None
+        through = f"ws://{HOST}:{int(proxy.stdout.readline())}/vrt/"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                console: list[str] = []
+                page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+                page.goto(base + "machines.js")
+                turn = run_js(page, BROWSER_TURN, base.replace("http://", "ws://"))
+                run_js(page, BROWSER_START, through)
+                proxy.stdin.write(b"cut\n")
+                proxy.stdin.flush()
+                assert proxy.stdout.readline().decode().strip() == "cut 1"
+                resumed = run_js(page, BROWSER_FINISH, None)
+            finally:
+                browser.close()
+    finally:
+        proxy.kill()
+        proxy.communicate()
+    both = [["lookup", "server", True], ["show", "app", True]]
+    assert turn == {"settled": both, "reason": "finished", "closed": "client"}, turn
+    assert resumed == {
+        "settled": both,
+        "lifecycle": ["reconnecting", "resumed", "closed"],
+        "ran": 1,  # the app tool ran once, across the cut
         "reason": "finished",
-        "closed": "client",
-    }, got
+    }, resumed
     assert not console, console
