@@ -17,11 +17,12 @@ not open is refused (HTTP 503, or a WebSocket close) with one WARNING that says 
 What the ASGI server owns is not vrt's: it accepts TCP and reads the upgrade request (so
 ``vrt.serve``'s pending pool, ``max_pending_connections`` and ``max_pending_per_peer``, has
 no counterpart here: hypercorn caps no number of connections, and closes one that has not
-sent a whole request head within its ``keep_alive_timeout``, 5 s), reads whole frames before the app sees them (hypercorn's
-``websocket_max_message_size``, 16 MiB, bounds them first; vrt's limits apply to each frame
-it is handed: the hello limit, then ``max_message_size``), and keeps the socket: a
-connection stuck behind unread frames gets its session closed (``overflow``) as with
-``vrt.serve``, but its socket is the server's to time out (hypercorn shields its sends).
+sent a whole request head within its ``keep_alive_timeout``, 5 s), reads whole frames
+before the app sees them (hypercorn's ``websocket_max_message_size``, 16 MiB, bounds them
+first; vrt's limits apply to each frame it is handed: the hello limit, then
+``max_message_size``), and keeps the socket: a connection stuck behind unread frames gets
+its session closed (``overflow``) as with ``vrt.serve``, but its socket is the server's to
+time out (hypercorn shields its sends).
 """
 
 from __future__ import annotations
