@@ -71,6 +71,27 @@ def make_relay_agent(steps: int, turns: int) -> vrt.Agent:
     )
 
 
+def make_asgi_app() -> Any:
+    """``agent`` as an ASGI app with the options bench/load_nodes.py gives ``vrt serve``
+    (``SERVE_FLAGS``) that ``vrt.asgi`` takes, for ``hypercorn --worker-class trio
+    'load_agent:make_asgi_app()'`` (bench/asgi.py); vrt's warnings and errors on stderr
+    with their level, as ``vrt serve --log-level warning`` shows them."""
+    import logging
+
+    import vrt.asgi
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return vrt.asgi.app(
+        __getattr__("agent"),
+        max_sessions=100_000,
+        max_sessions_per_peer=100_000,
+        max_messages_per_second=100_000,
+        resume_window=60,
+    )
+
+
 def _env(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 

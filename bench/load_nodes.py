@@ -60,7 +60,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1262,6 +1263,9 @@ class Config:
     workers: int
     store: Redis | None
     otel: str | None = None  # --tracing: bench/tracing.py's mode
+    serve: Callable[[str, Path, dict[str, str]], AbstractAsyncContextManager[Served]] | None = None
+    """Starts the server instead of ``vrt serve`` (label, log folder, the agent's
+    environment): bench/asgi.py's hypercorn."""
 
 
 @dataclass
@@ -1302,6 +1306,8 @@ async def start_config(
         vrt_serve(
             config.label, config.workers, store_url, folder, env=_agent_env(args), otel=config.otel
         )
+        if config.serve is None
+        else config.serve(config.label, folder, _agent_env(args))
     )
     print(f"\n== {config.label}\nserver: (cd bench && {' '.join(_shown(served.command))})")
     clients = contextlib.AsyncExitStack()

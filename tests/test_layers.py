@@ -3,7 +3,8 @@
 From the bottom: ``machines/`` (no vrt at all), ``vrt._errors``, ``vrt._core`` (tables,
 records), the sans-IO ``vrt._wire`` and the model protocol ``vrt.models``, the Trio engine
 ``vrt._engine``, the transport ``vrt._net``; ``vrt.check`` reads only the base;
-``vrt.testing`` may use everything but the CLI, ``vrt._cli`` everything. Imports inside
+``vrt.asgi`` (the ASGI front) the transport and what is below it; ``vrt.testing`` may use
+everything but the CLI, ``vrt._cli`` everything. Imports inside
 ``if TYPE_CHECKING:`` count too: a type from a higher layer is a dependency all the same.
 """
 
@@ -30,10 +31,12 @@ ALLOWED: dict[str, set[str]] = {
     "vrt._engine": BASE | {"vrt.models"},
     "vrt._net": BASE | {"vrt.models", "vrt._engine", "vrt._wire"},
     "vrt.mcp": BASE | {"vrt.models", "vrt._engine"},  # tools from MCP servers (an extra)
-    "vrt.testing": BASE | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt", "vrt.mcp"},
+    "vrt.asgi": BASE | {"vrt.models", "vrt._engine", "vrt._net", "vrt._wire"},  # a 2nd front
+    "vrt.testing": BASE
+    | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt", "vrt.mcp", "vrt.asgi"},
     "vrt._cli": BASE
     | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt.testing"}
-    | {"vrt", "vrt.check"},
+    | {"vrt", "vrt.check", "vrt.asgi"},
     "vrt": BASE | {"vrt.models", "vrt._engine", "vrt._net", "vrt._wire"},  # __init__
 }
 """What each layer may import of the others (its own package always)."""
@@ -126,6 +129,8 @@ def test_every_module_belongs_to_a_known_layer() -> None:
         ("machines/turn.py", "import vrt", "machines imports vrt"),
         ("vrt/_core/tables.py", "from vrt._engine.tools import AppTool", "vrt._core imports"),
         ("vrt/check/_model.py", "import trio", "vrt.check imports trio"),
+        ("vrt/_net/hub.py", "from vrt import asgi", "vrt._net imports vrt.asgi"),
+        ("vrt/asgi.py", "import vrt.testing", "vrt.asgi imports vrt.testing"),
     ],
 )
 def test_a_wrong_import_is_found(tmp_path: Path, file: str, line: str, found: str) -> None:

@@ -9,6 +9,7 @@ with spans dropped at the start, as without the SDK)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.request
@@ -29,6 +30,7 @@ from opentelemetry.trace import Link, SpanKind, StatusCode
 from opentelemetry.util.types import Attributes
 
 import vrt
+import vrt.asgi
 import vrt.models
 from tests.conftest import Log, until
 from tests.test_browser import serving
@@ -452,3 +454,59 @@ async def test_spans_of_a_tool_and_of_a_model_nest_under_vrt_s(
     assert {p.parent.span_id for p in posts if p.parent} == {
         c.context.span_id for c in chats if c.context
     }
+
+
+async def test_both_fronts_count_alike() -> None:
+    """vrt.serve and vrt.asgi under hypercorn: a refused upgrade counts as ``upgrade`` in
+    ``vrt.refusals`` (upgrade.decide counts it, for both), a session's frames count both
+    ways, and ``vrt.sessions.open`` is back where it was once the session is over."""
+    from tests.test_asgi import hypercorn, make_agent, show, upgrade
+
+    def total(name: str, **match: str) -> float:
+        return sum(
+            point.value
+            for key, point in points(name).items()
+            if all(dict(key).get(k) == v for k, v in match.items())
+        )
+
+    async def bearer(request: vrt.HandshakeRequest) -> str | None:
+        return None if request.header("authorization") is None else "someone"
+
+    async def refused_then_a_turn(port: int) -> None:
+        assert (await upgrade(port, "/"))[0] == 401
+        url = f"ws://127.0.0.1:{port}/"
+        async with (
+            vrt.connect(url, tools=[show], headers=[("authorization", "Bearer x")]) as client,
+            client.subscribe() as events,
+        ):
+            await client.send_text("go")
+            async for event in events:
+                if isinstance(event, vrt.TurnEnded):
+                    break
+        await trio.sleep(0.1)  # the server's side of the close
+
+    for front in ("vrt.serve", "vrt.asgi"):
+        before = [
+            total("vrt.refusals", **{"vrt.refusal.reason": "upgrade"}),
+            total("vrt.frames", **{"vrt.direction": "in"}),
+            total("vrt.frames", **{"vrt.direction": "out"}),
+            total("vrt.sessions.open"),
+        ]
+        if front == "vrt.serve":
+            async with trio.open_nursery() as nursery:
+                serve = functools.partial(vrt.serve, make_agent(), "127.0.0.1", 0)
+                server = await nursery.start(functools.partial(serve, authenticate=bearer))
+                await refused_then_a_turn(server.port)
+                nursery.cancel_scope.cancel()
+        else:
+            async with hypercorn(vrt.asgi.app(make_agent(), authenticate=bearer)) as port:
+                await refused_then_a_turn(port)
+        after = [
+            total("vrt.refusals", **{"vrt.refusal.reason": "upgrade"}),
+            total("vrt.frames", **{"vrt.direction": "in"}),
+            total("vrt.frames", **{"vrt.direction": "out"}),
+            total("vrt.sessions.open"),
+        ]
+        assert after[0] == before[0] + 1, front
+        assert after[1] - before[1] >= 3 and after[2] - before[2] >= 3, front  # (batches)
+        assert after[3] == before[3], front

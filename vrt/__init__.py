@@ -2,7 +2,8 @@
 
 The public door: everything users need is importable from here; ``vrt.models`` (the model
 protocol's events and history), ``vrt.testing`` (helpers for tests) and ``vrt.check`` are
-the other public modules.
+the other public modules, with ``vrt.mcp`` (tools from MCP servers) and ``vrt.asgi`` (the
+server as an ASGI application), which ``import vrt`` does not load.
 """
 
 from vrt import models

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import ConnectionClosed
 
 from vrt._engine import telemetry
 from vrt._engine.agent import Agent
@@ -116,7 +116,7 @@ class Hub:
                     await self.serve_connection(
                         ws,
                         principal,
-                        peer=_peer(principal, stream),
+                        peer=peer_of(principal, _address(stream)),
                         deadline=deadline,
                         stream=guarded,
                         handshake_done=handshake_done,
@@ -191,8 +191,7 @@ class Hub:
                     return  # the pool needed its place: reset, no goodbye to wait on
                 await send_and_close(ws, proto.take_outbox())
                 return
-            if isinstance(ws, WebSocketConnection):  # at once: frames may follow the hello
-                open_to_messages(ws, options.max_message_size)
+            open_to_messages(ws, options.max_message_size)  # at once: frames may follow
             if hello.resume is not None:
                 await self._resume_on(ws, hello, proto, principal, peer, request, stream)
                 return
@@ -523,11 +522,11 @@ def _remote(stream: trio.SocketStream) -> str:
     return f"{host}:{port}"
 
 
-def _peer(principal: Any, stream: trio.SocketStream) -> tuple[str, Any]:
+def peer_of(principal: Any, address: str) -> tuple[str, Any]:
     """Who ``max_sessions_per_peer`` counts a session for: the principal ``authenticate``
-    gave, else the remote address."""
+    gave, else the remote ``address`` (its IP address: one machine is one peer)."""
     if principal is None:
-        return ("address", _address(stream))
+        return ("address", address)
     try:
         hash(principal)
     except TypeError:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import attrs
 
+from vrt._net import metrics as metrics_page
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
@@ -83,3 +85,66 @@ def positive_number(name: str, value: object, *, zero: bool = False) -> float:
         rule = "must not be negative" if zero else "must be positive"
         raise ValueError(f"{name} {rule}, not {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def make_options(
+    *,
+    capabilities: Collection[str] = m.CAPABILITIES,
+    max_message_size: int = MAX_MESSAGE_SIZE,
+    resume_window: float = RESUME_WINDOW,
+    max_sessions: int = MAX_SESSIONS,
+    max_open_calls: int = MAX_OPEN_CALLS,
+    max_queued_app_calls: int = MAX_QUEUED_APP_CALLS,
+    max_messages_per_second: float = MAX_MESSAGES_PER_SECOND,
+    replay_limit: int = REPLAY_LIMIT,
+    replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    max_pending_connections: int = MAX_PENDING_CONNECTIONS,
+    max_pending_per_peer: int = MAX_PENDING_PER_PEER,
+    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER,
+    first_turn_timeout: float = FIRST_TURN_TIMEOUT,
+    max_history_bytes: int = MAX_HISTORY_BYTES,
+    authenticate: Any = None,
+    allowed_origins: Collection[str] | None = None,
+    web_demo: bool = False,
+    metrics: bool = False,
+    capture_content: bool | None = None,
+) -> Options:
+    """The :class:`Options` of a server, each option checked: ValueError naming the first
+    bad one. ``vrt.serve`` and ``vrt.asgi.app`` both build theirs here, so they take the
+    same values and refuse the same ones."""
+    if not (isinstance(max_message_size, int) and max_message_size >= MIN_MESSAGE_SIZE):
+        raise ValueError(
+            f"max_message_size must be an integer of at least {MIN_MESSAGE_SIZE}, "
+            f"not {max_message_size!r}"
+        )
+    options = Options(
+        capabilities=tuple(capabilities),
+        max_message_size=max_message_size,
+        resume_window=positive_number("resume_window", resume_window, zero=True),
+        max_sessions=count("max_sessions", max_sessions),
+        max_open_calls=count("max_open_calls", max_open_calls),
+        max_queued_app_calls=count("max_queued_app_calls", max_queued_app_calls),
+        max_messages_per_second=positive_number("max_messages_per_second", max_messages_per_second),
+        replay_limit=count("replay_limit", replay_limit),
+        replay_limit_bytes=count("replay_limit_bytes", replay_limit_bytes),
+        handshake_timeout=positive_number("handshake_timeout", handshake_timeout),
+        max_pending_connections=count("max_pending_connections", max_pending_connections),
+        max_pending_per_peer=count("max_pending_per_peer", max_pending_per_peer),
+        max_sessions_per_peer=count("max_sessions_per_peer", max_sessions_per_peer),
+        first_turn_timeout=positive_number("first_turn_timeout", first_turn_timeout),
+        max_history_bytes=count("max_history_bytes", max_history_bytes),
+        authenticate=authenticate,
+        allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
+        web_demo=web_demo,
+        metrics=bool(metrics),
+        capture_content=capture_content,
+    )
+    if options.metrics and not metrics_page.available():
+        raise ValueError(f"metrics=True serves GET /metrics: {metrics_page.INSTALL_HINT}")
+    if options.replay_limit_bytes < 2 * max_message_size:
+        raise ValueError(
+            f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "
+            f"max_message_size ({max_message_size}): one frame must fit with room to spare"
+        )
+    return options

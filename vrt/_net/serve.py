@@ -18,7 +18,6 @@ import attrs
 import trio
 
 from vrt._engine.agent import Agent
-from vrt._net import metrics as metrics_page
 from vrt._net.accept import Accepting, Pending, accept_loop
 from vrt._net.hub import Hub
 from vrt._net.node import Node, default_name
@@ -34,10 +33,8 @@ from vrt._net.options import (
     MAX_QUEUED_APP_CALLS,
     MAX_SESSIONS,
     MAX_SESSIONS_PER_PEER,
-    MIN_MESSAGE_SIZE,
     RESUME_WINDOW,
-    Options,
-    count,
+    make_options,
     positive_number,
 )
 from vrt._net.store import RedisStore, Store, open_store
@@ -217,40 +214,28 @@ async def serve(
     - ``reuse_port``: listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several
       processes on one port, the kernel spreading connections across them).
     """
-    if not (isinstance(max_message_size, int) and max_message_size >= MIN_MESSAGE_SIZE):
-        raise ValueError(
-            f"max_message_size must be an integer of at least {MIN_MESSAGE_SIZE}, "
-            f"not {max_message_size!r}"
-        )
-    options = Options(
-        capabilities=tuple(capabilities),
+    options = make_options(
+        capabilities=capabilities,
         max_message_size=max_message_size,
-        resume_window=positive_number("resume_window", resume_window, zero=True),
-        max_sessions=count("max_sessions", max_sessions),
-        max_open_calls=count("max_open_calls", max_open_calls),
-        max_queued_app_calls=count("max_queued_app_calls", max_queued_app_calls),
-        max_messages_per_second=positive_number("max_messages_per_second", max_messages_per_second),
-        replay_limit=count("replay_limit", replay_limit),
-        replay_limit_bytes=count("replay_limit_bytes", replay_limit_bytes),
-        handshake_timeout=positive_number("handshake_timeout", handshake_timeout),
-        max_pending_connections=count("max_pending_connections", max_pending_connections),
-        max_pending_per_peer=count("max_pending_per_peer", max_pending_per_peer),
-        max_sessions_per_peer=count("max_sessions_per_peer", max_sessions_per_peer),
-        first_turn_timeout=positive_number("first_turn_timeout", first_turn_timeout),
-        max_history_bytes=count("max_history_bytes", max_history_bytes),
+        resume_window=resume_window,
+        max_sessions=max_sessions,
+        max_open_calls=max_open_calls,
+        max_queued_app_calls=max_queued_app_calls,
+        max_messages_per_second=max_messages_per_second,
+        replay_limit=replay_limit,
+        replay_limit_bytes=replay_limit_bytes,
+        handshake_timeout=handshake_timeout,
+        max_pending_connections=max_pending_connections,
+        max_pending_per_peer=max_pending_per_peer,
+        max_sessions_per_peer=max_sessions_per_peer,
+        first_turn_timeout=first_turn_timeout,
+        max_history_bytes=max_history_bytes,
         authenticate=authenticate,
-        allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
+        allowed_origins=allowed_origins,
         web_demo=web_demo,
         metrics=bool(metrics),
         capture_content=capture_content,
     )
-    if options.metrics and not metrics_page.available():
-        raise ValueError(f"metrics=True serves GET /metrics: {metrics_page.INSTALL_HINT}")
-    if options.replay_limit_bytes < 2 * max_message_size:
-        raise ValueError(
-            f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "
-            f"max_message_size ({max_message_size}): one frame must fit with room to spare"
-        )
     drain_timeout = positive_number("drain_timeout", drain_timeout, zero=True)
     if ssl_context is not None:
         ssl_context = server_context(ssl_context)

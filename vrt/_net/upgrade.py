@@ -21,6 +21,7 @@ from trio_websocket import (
     wrap_server_stream,
 )
 
+from vrt._engine import telemetry
 from vrt._net.accept import GuardedStream
 from vrt._net.options import Options
 from vrt._net.web import front
@@ -103,29 +104,42 @@ async def upgrade(
     return ws, principal, handshake
 
 
-def open_to_messages(ws: WebSocketConnection, max_message_size: int) -> None:
+def open_to_messages(ws: Any, max_message_size: int) -> None:
     """The hello was accepted: frames up to ``max_message_size`` may come now.
 
-    trio-websocket takes its limit once, when the connection is made; it reads it from
-    this attribute for every frame (tests/test_hostile.py checks that both limits hold).
+    A connection that bounds its frames keeps its limit in ``_max_message_size``, read for
+    every frame: trio-websocket's, which takes it once, when the connection is made
+    (tests/test_hostile.py checks that both limits hold), and ``vrt.asgi``'s. One without
+    (the memory pair of :mod:`vrt.testing`) is left as it is.
     """
-    ws._max_message_size = max_message_size
+    if hasattr(ws, "_max_message_size"):
+        ws._max_message_size = max_message_size
 
 
-async def check_upgrade(
-    options: Options, request: WebSocketRequest, *, draining: bool = False
-) -> tuple[bool, Any, HandshakeRequest]:
-    """Check the upgrade request (draining, origin, ``authenticate``): ``(True, principal,
-    request)``, or ``(False, None, request)`` once it is refused with an HTTP status."""
-    headers = tuple(
-        (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
-    )
-    remote = request.remote
-    handshake = HandshakeRequest(
-        path=request.path,
-        headers=headers,
-        remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
-    )
+@attrs.frozen(kw_only=True)
+class Admitted:
+    """An upgrade :func:`decide` let through, with what ``authenticate`` returned."""
+
+    principal: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class Refused:
+    """An upgrade :func:`decide` turned down: the HTTP status and body to answer with."""
+
+    status: int
+    body: bytes
+
+
+async def decide(
+    options: Options, handshake: HandshakeRequest, *, draining: bool = False
+) -> Admitted | Refused:
+    """Whether the upgrade ``handshake`` may go on (draining, origin, ``authenticate``):
+    the one decision of ``vrt.serve``'s upgrade and ``vrt.asgi``'s, which only answer it.
+
+    A refusal is logged at INFO; an ``authenticate`` that raises anything but
+    :class:`Refuse` is a bug of the hook, logged with its traceback and answered 500 (the
+    peer learns nothing more)."""
     try:
         if draining and handshake.header(RELAY_HEADER) is None:
             raise Refuse(503, "draining")
@@ -140,12 +154,32 @@ async def check_upgrade(
                 raise Refuse(401, "unauthorized")
     except Refuse as refusal:
         log.info("refused %s: %s", handshake.remote, refusal)
-        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
-            await request.reject(refusal.status, body=refusal.reason.encode("utf-8", "replace"))
-        return False, None, handshake
+        telemetry.refused("upgrade")
+        return Refused(status=refusal.status, body=refusal.reason.encode("utf-8", "replace"))
     except Exception:  # the hook's bug: refuse, never crash the server
         log.exception("authenticate failed for %s", handshake.remote)
+        telemetry.refused("upgrade")
+        return Refused(status=500, body=b"internal server error")
+    return Admitted(principal=principal)
+
+
+async def check_upgrade(
+    options: Options, request: WebSocketRequest, *, draining: bool = False
+) -> tuple[bool, Any, HandshakeRequest]:
+    """Check trio-websocket's upgrade request (:func:`decide`): ``(True, principal,
+    request)``, or ``(False, None, request)`` once it is refused with an HTTP status."""
+    headers = tuple(
+        (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
+    )
+    remote = request.remote
+    handshake = HandshakeRequest(
+        path=request.path,
+        headers=headers,
+        remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
+    )
+    verdict = await decide(options, handshake, draining=draining)
+    if isinstance(verdict, Refused):
         with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
-            await request.reject(500, body=b"internal server error")
+            await request.reject(verdict.status, body=verdict.body)
         return False, None, handshake
-    return True, principal, handshake
+    return True, verdict.principal, handshake

@@ -16,7 +16,9 @@ import contextlib
 import functools
 import hashlib
 import logging
+from collections.abc import Mapping
 
+import attrs
 import h11
 import trio
 
@@ -74,13 +76,13 @@ async def front(
             # Not HTTP, or a head over HEAD_LIMIT: let trio-websocket refuse what it
             # refuses today, except an oversize head, which is ours to answer.
             if len(seen) > HEAD_LIMIT:
-                await _send(stream, 431, b"request header fields too large", ())
+                await _send(stream, _response(431, b"request header fields too large", ()))
                 return True
             log.debug("not an HTTP request head: %s", exc)
             stream.unread(bytes(seen))
             return False
         if len(seen) > HEAD_LIMIT:  # h11 parses a head that came whole, however long
-            await _send(stream, 431, b"request header fields too large", ())
+            await _send(stream, _response(431, b"request header fields too large", ()))
             return True
         if event is h11.NEED_DATA:
             data = await stream.receive_some(4096)
@@ -98,68 +100,95 @@ async def front(
     if b"websocket" in headers.get(b"upgrade", b"").lower():
         stream.unread(bytes(seen))  # the upgrade: trio-websocket reads it from the start
         return False
-    method = event.method.upper()
     path = event.target.split(b"?", 1)[0].decode("latin-1")
-    entry = WEB_FILES.get(path) or (DEMO_FILES.get(path) if demo else None)
-    found = _file(entry[0]) if entry is not None else None
-    if method not in (b"GET", b"HEAD"):
-        await _send(stream, 405, b"method not allowed", ((b"allow", b"GET, HEAD"),))
-    elif path == HEALTH:
-        status, text = (503, b"draining\n") if draining else (200, b"ok\n")
-        no_cache = ((b"cache-control", b"no-store"),)
-        await _send(stream, status, text if method == b"GET" else b"", no_cache, length=len(text))
-    elif path == METRICS and metrics:
-        page, kind = exposition()
-        no_cache = ((b"cache-control", b"no-store"),)
-        body = page if method == b"GET" else b""
-        await _send(stream, 200, body, no_cache, content_type=kind, length=len(page))
-    elif entry is None or found is None:
-        await _send(stream, 404, b"not found", ())
-    else:
-        body, etag = found
-        # Any page may import the client (a module script is fetched with CORS); who may
-        # open a session is still the upgrade's to decide (allowed_origins, authenticate).
-        tagged = (
-            (b"etag", etag.encode()),
-            (b"cache-control", b"no-cache"),
-            (b"access-control-allow-origin", b"*"),
-        )
-        if headers.get(b"if-none-match", b"").decode("latin-1") in (etag, "*"):
-            await _send(stream, 304, b"", tagged, content_type=None)
-        else:
-            await _send(
-                stream,
-                200,
-                body if method == b"GET" else b"",
-                tagged,
-                content_type=entry[1],
-                length=len(body),
-            )
+    response = respond(event.method, path, headers, demo=demo, draining=draining, metrics=metrics)
+    await _send(stream, response)
     return True
 
 
-async def _send(
-    stream: GuardedStream,
+@attrs.frozen(kw_only=True)
+class Response:
+    """One whole HTTP response of the front (``connection: close`` is the caller's)."""
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    """Every header but the connection's, names lower-case: ``content-length`` too (for
+    ``HEAD``, the length of the body ``GET`` gets)."""
+    body: bytes
+
+
+def respond(
+    method: bytes,
+    path: str,
+    headers: Mapping[bytes, bytes],
+    *,
+    demo: bool = False,
+    draining: bool = False,
+    metrics: bool = False,
+) -> Response:
+    """The answer to a plain HTTP request (not an upgrade) for ``path`` (no query string),
+    its ``headers`` keyed by lower-case name: the one route table of ``vrt.serve``'s front
+    and ``vrt.asgi``'s HTTP scope. Pure: no I/O."""
+    method = method.upper()
+    entry = WEB_FILES.get(path) or (DEMO_FILES.get(path) if demo else None)
+    found = _file(entry[0]) if entry is not None else None
+    if method not in (b"GET", b"HEAD"):
+        return _response(405, b"method not allowed", ((b"allow", b"GET, HEAD"),))
+    if path == HEALTH:
+        status, text = (503, b"draining\n") if draining else (200, b"ok\n")
+        no_cache = ((b"cache-control", b"no-store"),)
+        return _response(status, text if method == b"GET" else b"", no_cache, length=len(text))
+    if path == METRICS and metrics:
+        page, kind = exposition()
+        no_cache = ((b"cache-control", b"no-store"),)
+        body = page if method == b"GET" else b""
+        return _response(200, body, no_cache, content_type=kind, length=len(page))
+    if entry is None or found is None:
+        return _response(404, b"not found", ())
+    body, etag = found
+    # Any page may import the client (a module script is fetched with CORS); who may
+    # open a session is still the upgrade's to decide (allowed_origins, authenticate).
+    tagged = (
+        (b"etag", etag.encode()),
+        (b"cache-control", b"no-cache"),
+        (b"access-control-allow-origin", b"*"),
+    )
+    if headers.get(b"if-none-match", b"").decode("latin-1") in (etag, "*"):
+        return _response(304, b"", tagged, content_type=None)
+    return _response(
+        200,
+        body if method == b"GET" else b"",
+        tagged,
+        content_type=entry[1],
+        length=len(body),
+    )
+
+
+def _response(
     status: int,
     body: bytes,
     headers: tuple[tuple[bytes, bytes], ...],
     *,
     content_type: str | None = "text/plain; charset=utf-8",
     length: int | None = None,
-) -> None:
-    """One whole response, then the connection is the caller's to close."""
-    fields = [*headers, (b"connection", b"close"), (b"x-content-type-options", b"nosniff")]
+) -> Response:
+    fields = [*headers, (b"x-content-type-options", b"nosniff")]
     if content_type is not None:
         fields.append((b"content-type", content_type.encode()))
     if status != 304:
         fields.append((b"content-length", str(len(body) if length is None else length).encode()))
-    response = h11.Response(status_code=status, headers=fields)
+    return Response(status=status, headers=tuple(fields), body=body)
+
+
+async def _send(stream: GuardedStream, response: Response) -> None:
+    """One whole response, then the connection is the caller's to close."""
+    fields = [(b"connection", b"close"), *response.headers]
     conn = h11.Connection(h11.SERVER)
     # h11 needs to have seen a request to write a response: a minimal one of ours
     conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
     conn.next_event()
-    data = conn.send(response) or b""
-    if body:
-        data += conn.send(h11.Data(data=body)) or b""
+    data = conn.send(h11.Response(status_code=response.status, headers=fields)) or b""
+    if response.body:
+        data += conn.send(h11.Data(data=response.body)) or b""
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         await stream.send_all(data)
