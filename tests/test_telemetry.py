@@ -366,7 +366,7 @@ async def test_the_server_metrics(vrt_serve: Any) -> None:
         "failed": count("vrt.turn.duration", **{"vrt.turn.status": "failed"}),
         "first": count("vrt.model.time_to_first_event"),
     }
-    await three_turns(vrt_serve, max_messages_per_second=2)
+    await three_turns(vrt_serve)
     await trio.sleep(0.1)  # the server's side of the close
     assert total("vrt.frames", **{"vrt.direction": "in"}) - before["in"] >= 5
     assert total("vrt.frames", **{"vrt.direction": "out"}) - before["out"] >= 10
@@ -378,7 +378,17 @@ async def test_the_server_metrics(vrt_serve: Any) -> None:
     )
     assert count("vrt.turn.duration", **{"vrt.turn.status": "failed"}) == before["failed"] + 1
     assert count("vrt.model.time_to_first_event") == before["first"] + 3  # not the HTTP 400
-    assert total("vrt.refusals", **{"vrt.refusal.reason": "rate"}) >= 1  # 2 frames a second
+    # over a rate of 20 frames a second: the 21st interrupt waits, counted once
+    rated = before_rate = total("vrt.refusals", **{"vrt.refusal.reason": "rate"})
+    agent = vrt.define_agent(model=vrt.ScriptedModel([]))
+    server = await vrt_serve(agent, max_messages_per_second=20)
+    async with vrt.connect(server.url) as client:
+        with trio.fail_after(5):
+            while rated == before_rate:
+                client.interrupt()
+                await trio.sleep(0.001)
+                rated = total("vrt.refusals", **{"vrt.refusal.reason": "rate"})
+    assert rated == before_rate + 1
 
 
 @pytest.mark.network
