@@ -1047,7 +1047,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--tracing-modes",
         default="traces,traces+metrics",
         help="the servers through bench/tracing.py, by its mode: traces, traces+metrics, "
-        "metrics, off (the launcher alone); traces,traces+metrics",
+        "metrics, sampled (traces, a tenth of the turns), off (the launcher alone); "
+        "traces,traces+metrics",
     )
     add = parser.add_argument
     add("--role", choices=["all", "clients"], default="all", help=argparse.SUPPRESS)
@@ -1061,7 +1062,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if args.compare or args.store is not None or (args.workers or 1) > 1 or args.rolling:
             parser.error("--tracing runs 1 worker without a store: no --compare, --store, ...")
         args.tracing_modes = [mode for mode in args.tracing_modes.split(",") if mode]
-        modes = {"traces", "traces+metrics", "metrics", "off"}
+        modes = {"traces", "traces+metrics", "metrics", "sampled", "off"}
         if not args.tracing_modes or not set(args.tracing_modes) <= modes:
             parser.error(f"--tracing-modes: of {', '.join(sorted(modes))}")
     if args.levels is None:

@@ -44,7 +44,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 MARK = "vrt-bench-tracing "
 """The start of the line this launcher writes to stderr at the end."""
 
-MODES = ("traces", "traces+metrics", "metrics", "off")
+MODES = ("traces", "traces+metrics", "metrics", "sampled", "off")
 
 
 class Exporter(InMemorySpanExporter):
@@ -72,13 +72,17 @@ def install(mode: str) -> tuple[Any, Exporter | None, Any, Any]:
     """Set the global providers for ``mode``: (tracer provider, exporter, meter provider,
     metric reader), None where the mode has none."""
     tracer_provider = exporter = meter_provider = reader = None
-    if "traces" in mode:
+    if "traces" in mode or mode == "sampled":
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
         exporter = Exporter(keep=os.environ.get("VRT_BENCH_KEEP_SPANS") == "1")
-        tracer_provider = TracerProvider()
+        # sampled: what production usually runs, a tenth of the turns traced (the turn's
+        # span decides, its children follow it)
+        sampler = ParentBased(TraceIdRatioBased(0.1)) if mode == "sampled" else None
+        tracer_provider = TracerProvider(sampler=sampler)
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
         trace.set_tracer_provider(tracer_provider)
     if "metrics" in mode:
