@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from load_nodes import (
     print_rounds,
     run_configs,
     sockets,
+    stop,
     vrt_commit,
 )
 
@@ -75,13 +75,7 @@ async def hypercorn(label: str, folder: Path, env: dict[str, str]) -> AsyncItera
                     await trio.sleep(0.1)
             yield HypercornServed(process, f"ws://{HOST}:{port}/", port, command, log, 1)
         finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGINT)
-                with trio.move_on_after(20):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await stop(process)
 
 
 async def _answers(port: int) -> bool:

@@ -483,13 +483,18 @@ async def vrt_serve(
                 yield served
                 nursery.cancel_scope.cancel()
         finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGINT)
-                with trio.move_on_after(20):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await stop(process)
+
+
+async def stop(process: trio.Process) -> None:
+    """SIGINT, 20 s to exit, then SIGKILL."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+        with trio.move_on_after(20):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
 
 
 async def _discard(stream: Any) -> None:
