@@ -520,3 +520,22 @@ async def test_both_fronts_count_alike() -> None:
         assert after[0] == before[0] + 1, front
         assert after[1] - before[1] >= 3 and after[2] - before[2] >= 3, front  # (batches)
         assert after[3] == before[3], front
+
+
+async def test_a_resume_is_counted(vrt_serve: Any) -> None:
+    """``vrt.resumes``: a session resumed on a new connection after a cut counts one."""
+    from vrt.testing import LoopbackProxy
+
+    def resumes() -> float:
+        return sum(point.value for point in points("vrt.resumes").values())
+
+    before = resumes()
+    server = await vrt_serve(vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]])))
+    async with trio.open_nursery() as nursery:
+        proxy = LoopbackProxy(server.port)
+        port = await nursery.start(proxy.run)
+        async with vrt.connect(f"ws://127.0.0.1:{port}/") as client, client.subscribe() as ch:
+            assert proxy.cut() == 1
+            await until(Log(ch), lambda e: isinstance(e, vrt.Resumed))
+        nursery.cancel_scope.cancel()
+    assert resumes() == before + 1
