@@ -415,12 +415,11 @@ def _serve_until_interrupted(
 
                 server = await nursery.start(serve)
                 print(f"vrt serve: {args.target} on {server.url}", flush=True)
+                page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
                 if options.get("web_demo"):
-                    page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
                     print(f"vrt serve: the demo page is {page}", flush=True)
                 if options.get("metrics"):
-                    page = "http" + server.url[2:] + "metrics"
-                    print(f"vrt serve: metrics at {page}", flush=True)
+                    print(f"vrt serve: metrics at {page}metrics", flush=True)
                 log = logging.getLogger("vrt.server")
                 async for signum in signals:
                     if signum == signal.SIGTERM and server.node is not None and not drained:

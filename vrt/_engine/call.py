@@ -400,7 +400,7 @@ class Call:
     def progress(self, progress: Any) -> None:
         """``ctx.emit``: a ``progress`` phase while running; dropped once the call ended."""
         if self._send("progress"):
-            self.trace.phase(Phase.PROGRESS, progress, content=True)
+            self.trace.progress(progress)
             self._emit(Phase.PROGRESS, progress=progress)
 
     # -- results and events -----------------------------------------------------------------------

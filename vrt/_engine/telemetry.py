@@ -156,10 +156,9 @@ class TurnSpans:
     (each :class:`CallSpan`). Not recording (no SDK, or sampled out) costs a few checks."""
 
     __slots__ = (
-        "_agent",
         "_context",
-        "_first",
         "_model",
+        "_provider",
         "_step",
         "_step_started",
         "capture",
@@ -179,12 +178,13 @@ class TurnSpans:
         *,
         capture: bool,
     ) -> None:
-        self._agent = agent
         self.capture = capture
         self.started = time.monotonic()
         self.ended = False
         name = agent.name
         self._model = model = _model_name(agent.model)
+        provider = getattr(agent.model, "provider", None)
+        self._provider = provider if isinstance(provider, str) and provider else None
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.agent.name": name,
@@ -203,14 +203,12 @@ class TurnSpans:
         self._context = trace.set_span_in_context(span) if self.recording else None
         self._step: Span | None = None
         self._step_started = 0.0
-        self._first = False
 
     # -- model steps ------------------------------------------------------------------------------
 
     def step_started(self, step: int) -> None:
         """A model step's request goes out now."""
         self._step_started = time.monotonic()
-        self._first = False
         if not self.recording:
             return
         attributes: dict[str, Any] = {
@@ -218,9 +216,8 @@ class TurnSpans:
             "gen_ai.request.model": self._model,
             "vrt.step": step,
         }
-        provider = getattr(self._agent.model, "provider", None)
-        if isinstance(provider, str) and provider:
-            attributes["gen_ai.provider.name"] = provider
+        if self._provider is not None:
+            attributes["gen_ai.provider.name"] = self._provider
         self._step = _tracer.start_span(
             f"chat {self._model}", self._context, SpanKind.CLIENT, attributes
         )
@@ -239,10 +236,7 @@ class TurnSpans:
             otel_context.detach(token)
 
     def first_event(self) -> None:
-        """The step's first event arrived (counted once a step)."""
-        if self._first:
-            return
-        self._first = True
+        """The step's first event arrived (the turn calls it once a step)."""
         elapsed = time.monotonic() - self._step_started
         FIRST_EVENT.record(elapsed, {"gen_ai.request.model": self._model})
 
@@ -304,11 +298,8 @@ class TurnSpans:
             return
         self.ended = True
         step, self._step = self._step, None
-        for span in (step, self.span if self.recording else None):
-            if span is not None:
-                span.set_attribute("error.type", "session_closed")
-                span.set_status(Status(StatusCode.ERROR, "the session closed"))
-                span.end()
+        _closed(step)
+        _closed(self.span if self.recording else None)
 
 
 class CallSpan:
@@ -340,15 +331,15 @@ class CallSpan:
         if self.span is not None:
             otel_context.attach(trace.set_span_in_context(self.span))
 
-    def phase(self, phase: str, value: Any = None, *, content: bool = False) -> None:
-        """A phase of the call's stream, as a span event (``value`` only with capture)."""
+    def progress(self, value: Any) -> None:
+        """A ``progress`` phase, as a span event (its value only with capture)."""
         span = self.span
         if span is None:
             return
-        if content and self._spans.capture:
-            span.add_event(phase, {"vrt.value": _json(value)})
+        if self._spans.capture:
+            span.add_event("progress", {"vrt.value": _json(value)})
         else:
-            span.add_event(phase)
+            span.add_event("progress")
 
     def arguments(self, arguments: Any) -> None:
         """The arguments are complete."""
@@ -362,8 +353,11 @@ class CallSpan:
     def end(self, phase: str, result: ToolResult) -> None:
         """The call has its one result (``phase``: settled, cancelled or failed)."""
         code = "OK" if result.ok else str(result.code)
-        attributes = {"gen_ai.tool.name": self._name, "vrt.tool.kind": self._kind}
-        attributes["vrt.result.code"] = code
+        attributes = {
+            "gen_ai.tool.name": self._name,
+            "vrt.tool.kind": self._kind,
+            "vrt.result.code": code,
+        }
         CALLS.add(1, attributes)
         CALL_DURATION.record(time.monotonic() - self.started, attributes)
         span = self.span
@@ -388,7 +382,12 @@ class CallSpan:
     def cut(self) -> None:
         """The session closed before the call had a result: the span ends, no metric."""
         span, self.span = self.span, None
-        if span is not None:
-            span.set_attribute("error.type", "session_closed")
-            span.set_status(Status(StatusCode.ERROR, "the session closed"))
-            span.end()
+        _closed(span)
+
+
+def _closed(span: Span | None) -> None:
+    """End ``span`` (if any) as cut short by the session's close."""
+    if span is not None:
+        span.set_attribute("error.type", "session_closed")
+        span.set_status(Status(StatusCode.ERROR, "the session closed"))
+        span.end()

@@ -44,7 +44,7 @@ STOPPED = "the model stopped before completing the arguments"
 class Turn:
     """A running turn. Await :meth:`wait` for its :class:`~vrt.TurnResult`."""
 
-    def __init__(self, session: Session, turn_id: str, epoch: int, text: str = "") -> None:
+    def __init__(self, session: Session, turn_id: str, epoch: int, text: str) -> None:
         self.session = session
         self.turn_id = turn_id
         self.epoch = epoch

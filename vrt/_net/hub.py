@@ -197,9 +197,7 @@ class Hub:
                 return
             else:
                 actor = SessionActor(self, proto, hello, principal, peer)
-                self.sessions[proto.session_id] = actor
-                telemetry.SESSIONS_OPEN.add(1)
-                self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+                self._add(actor)
                 log.info("session %s opened for %s", proto.session_id, _shown(peer))
                 await self.nursery.start(actor.run)
             await actor.carry(ws, stream)
@@ -244,6 +242,12 @@ class Hub:
                 actor.end("expired")
                 return True
         return False
+
+    def _add(self, actor: SessionActor) -> None:
+        """``actor``'s session lives here now (opened or adopted): :meth:`closed` undoes it."""
+        self.sessions[actor.proto.session_id] = actor
+        telemetry.SESSIONS_OPEN.add(1)
+        self.by_peer[actor.peer] = self.by_peer.get(actor.peer, 0) + 1
 
     def closed(self, actor: SessionActor) -> None:
         """``actor``'s session is over (or moved): its place is free."""
@@ -411,9 +415,7 @@ class Hub:
             return None
         origin = m.Hello(seq=0, protocol=m.PROTOCOL, capabilities=proto.capabilities, tools=tools)
         actor = SessionActor(self, proto, origin, principal, peer, restored=state)
-        self.sessions[proto.session_id] = actor
-        telemetry.SESSIONS_OPEN.add(1)
-        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+        self._add(actor)
         log.info(
             "session %s adopted (%s)",
             proto.session_id,

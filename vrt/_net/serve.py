@@ -233,7 +233,7 @@ async def serve(
         authenticate=authenticate,
         allowed_origins=allowed_origins,
         web_demo=web_demo,
-        metrics=bool(metrics),
+        metrics=metrics,
         capture_content=capture_content,
     )
     drain_timeout = positive_number("drain_timeout", drain_timeout, zero=True)
