@@ -36,7 +36,7 @@ from bench_common import version
 
 import vrt
 from tests.test_hostile import HELLO, message, raw_upgraded, ws_frame
-from vrt._net import actor as _actor
+from vrt._server import actor as _actor
 
 
 class Long:

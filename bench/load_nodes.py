@@ -1437,11 +1437,11 @@ async def run_configs(
 # -- where the servers' time goes (--py-spy) -------------------------------------------------------
 
 FOCUS = [
-    ("the store: snapshot() (the state to JSON)", "snapshot (vrt/_net/handover.py)"),
-    ("the store: SessionActor.state()", "state (vrt/_net/actor.py)"),
-    ("the store: RedisStore.save() (valkey-glide)", "save (vrt/_net/store.py)"),
-    ("the store: the saver task", "_saver (vrt/_net/actor.py)"),
-    ("the store: heartbeat and touch", "run (vrt/_net/node.py)"),
+    ("the store: snapshot() (the state to JSON)", "snapshot (vrt/_cluster/record.py)"),
+    ("the store: SessionActor.state()", "state (vrt/_server/actor.py)"),
+    ("the store: RedisStore.save() (valkey-glide)", "save (vrt/_cluster/store.py)"),
+    ("the store: the saver task", "_saver (vrt/_server/actor.py)"),
+    ("the store: heartbeat and touch", "run (vrt/_cluster/node.py)"),
     ("anyio (glide's async calls under Trio)", "(anyio/"),
     ("glide's Python side", "(glide/"),
     ("the engine (vrt/_engine)", "(vrt/_engine/"),
@@ -1451,10 +1451,10 @@ FOCUS = [
     ("sending (SocketStream.send_all)", "send_all (trio/_highlevel_socket.py)"),
     ("waiting for I/O (epoll)", "get_events (trio/_core/_io_epoll.py)"),
     ("a new connection: the HTTP upgrade", "upgrade (vrt/_net/upgrade.py)"),
-    ("a new connection: the hello", "_handshake (vrt/_net/hub.py)"),
-    ("a new session: SessionActor._open_session", "_open_session (vrt/_net/actor.py)"),
+    ("a new connection: the hello", "_handshake (vrt/_server/hub.py)"),
+    ("a new session: SessionActor._open_session", "_open_session (vrt/_server/actor.py)"),
     ("jsonschema", "(jsonschema/"),
-    ("a session's end: SessionActor.run's cleanup", "_forget_in_store (vrt/_net/actor.py)"),
+    ("a session's end: SessionActor.run's cleanup", "_forget_in_store (vrt/_server/actor.py)"),
 ]
 """What the profile sums (a sample counts once per label if any of its frames matches)."""
 

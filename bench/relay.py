@@ -38,7 +38,7 @@ vrt.connect waits a backoff before it resumes after a loss other than 1012 (25-5
 first, doubled for each resume whose connection dropped within 5 s of it: the trials cut
 every few tens of milliseconds, so the waits would grow to seconds and say nothing about
 the relay). By default this bench sets the client's first backoff to 0
-(``vrt._net.client.BACKOFF_FIRST``, in this process only) so that a gap is the path's own
+(``vrt._client.client.BACKOFF_FIRST``, in this process only) so that a gap is the path's own
 cost; ``--client-backoff`` keeps the client's policy.
 """
 
@@ -313,9 +313,9 @@ def main() -> None:
     if args.quick:
         args.trials = 10
     if not args.client_backoff:
-        import vrt._net.client
+        import vrt._client.client
 
-        vrt._net.client.BACKOFF_FIRST = 0.0  # the gaps without the client's own wait
+        vrt._client.client.BACKOFF_FIRST = 0.0  # the gaps without the client's own wait
     if args.steps < 4:
         parser.error("--steps must be at least 4")
     print(

@@ -23,8 +23,8 @@ from load_agent import make_agent
 from load_nodes import show
 
 import vrt
-import vrt._net.actor
-from vrt._net.store import MemoryStore
+import vrt._server.actor
+from vrt._cluster.store import MemoryStore
 
 POINTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
@@ -34,7 +34,7 @@ async def run(turns: int) -> list[tuple[int, int, int, float]]:
     save."""
     saves: list[tuple[int, int, int, float]] = []
     spent = [0.0]
-    state_of, item_of = vrt._net.actor.encode_state, vrt._net.actor.encode_item
+    state_of, item_of = vrt._server.actor.encode_state, vrt._server.actor.encode_item
 
     def timed_state(state: Any, limit: int) -> bytes:
         start = time.perf_counter()
@@ -58,8 +58,8 @@ async def run(turns: int) -> list[tuple[int, int, int, float]]:
             spent[0] = 0.0
             return kept
 
-    vrt._net.actor.encode_state = timed_state  # type: ignore[assignment]
-    vrt._net.actor.encode_item = timed_item  # type: ignore[assignment]
+    vrt._server.actor.encode_state = timed_state  # type: ignore[assignment]
+    vrt._server.actor.encode_item = timed_item  # type: ignore[assignment]
     try:
         agent = make_agent(2, turns + 1)
         async with trio.open_nursery() as nursery:
@@ -82,8 +82,8 @@ async def run(turns: int) -> list[tuple[int, int, int, float]]:
                             break
             nursery.cancel_scope.cancel()
     finally:
-        vrt._net.actor.encode_state = state_of
-        vrt._net.actor.encode_item = item_of
+        vrt._server.actor.encode_state = state_of
+        vrt._server.actor.encode_item = item_of
     return saves
 
 

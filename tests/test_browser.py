@@ -172,7 +172,7 @@ def python_events(
 
 def as_page_event(event: Any) -> list[Any] | None:
     """A Python client's event as the page records it (``[type, detail]``), or None."""
-    from vrt._net.frames import message_of
+    from vrt._server.frames import message_of
 
     if isinstance(event, vrt.Reconnecting | vrt.Resumed):
         return ["reconnecting" if isinstance(event, vrt.Reconnecting) else "resumed", {}]

@@ -81,7 +81,7 @@ def _server_tasks() -> Counter[str]:
     function)."""
     root = trio.lowlevel.current_root_task()
     assert root is not None
-    (serve,) = (task for task in _tasks(root) if task.name == "vrt._net.serve.serve")
+    (serve,) = (task for task in _tasks(root) if task.name == "vrt._server.serve.serve")
     return Counter(task.name for task in _tasks(serve) if task.name.startswith("vrt."))
 
 
@@ -105,9 +105,9 @@ async def test_an_idle_server_session_holds_three_tasks_of_its_own() -> None:
             during = _server_tasks() - before
         nursery.cancel_scope.cancel()
     assert during == {
-        "vrt._net.actor.SessionActor.run": 2,
-        "vrt._net.hub.Hub.handle_stream": 2,
-        "vrt._net.link.Link._writer": 2,
+        "vrt._server.actor.SessionActor.run": 2,
+        "vrt._server.hub.Hub.handle_stream": 2,
+        "vrt._server.link.Link._writer": 2,
     }
 
 

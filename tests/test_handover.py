@@ -23,7 +23,7 @@ import trio
 
 import vrt
 from tests.conftest import Log, until
-from vrt._net.store import MemoryStore
+from vrt._cluster.store import MemoryStore
 from vrt.testing import LoopbackProxy
 
 P = vrt.Phase

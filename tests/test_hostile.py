@@ -33,7 +33,7 @@ import trio
 import vrt
 from tests.servers import vrt_serve
 from tests.test_wire_errors import chat_agent, connected, serving, session
-from vrt._net import actor as _actor
+from vrt._server import actor as _actor
 from vrt.testing import LoopbackProxy
 
 pytestmark = [pytest.mark.network, pytest.mark.usefixtures("no_errors")]

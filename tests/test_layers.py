@@ -2,9 +2,11 @@
 
 From the bottom: ``machines/`` (no vrt at all), ``vrt._errors``, ``vrt._core`` (tables,
 records), the sans-IO ``vrt._wire`` and the model protocol ``vrt.models``, the Trio engine
-``vrt._engine``, the transport ``vrt._net``; ``vrt.check`` reads only the base;
-``vrt.asgi`` (the ASGI front) the transport and what is below it; ``vrt.testing`` may use
-everything but the CLI, ``vrt._cli`` everything. Imports inside
+``vrt._engine``, the plumbing both sides use ``vrt._net``; above it three rooms: the
+client ``vrt._client``, what lets a session move ``vrt._cluster`` (never the server's
+rooms: the server calls it, not the other way round), and the server ``vrt._server``;
+``vrt.check`` reads only the base; ``vrt.asgi`` (the ASGI front) the server and what is
+below it; ``vrt.testing`` may use everything but the CLI, ``vrt._cli`` everything. Imports inside
 ``if TYPE_CHECKING:`` count too: a type from a higher layer is a dependency all the same.
 """
 
@@ -30,14 +32,20 @@ ALLOWED: dict[str, set[str]] = {
     "vrt.check": BASE,
     "vrt._engine": BASE | {"vrt.models"},
     "vrt._net": BASE | {"vrt.models", "vrt._engine", "vrt._wire"},
+    "vrt._client": BASE | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net"},
+    "vrt._cluster": BASE | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net"},
+    "vrt._server": BASE | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt._cluster"},
     "vrt.mcp": BASE | {"vrt.models", "vrt._engine"},  # tools from MCP servers (an extra)
-    "vrt.asgi": BASE | {"vrt.models", "vrt._engine", "vrt._net", "vrt._wire"},  # a 2nd front
+    "vrt.asgi": BASE | {"vrt.models", "vrt._engine", "vrt._net", "vrt._wire", "vrt._server"},
     "vrt.testing": BASE
-    | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt", "vrt.mcp", "vrt.asgi"},
+    | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt._client", "vrt._server"}
+    | {"vrt._cluster", "vrt", "vrt.mcp", "vrt.asgi"},
     "vrt._cli": BASE
-    | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt.testing"}
-    | {"vrt", "vrt.check", "vrt.asgi"},
-    "vrt": BASE | {"vrt.models", "vrt._engine", "vrt._net", "vrt._wire"},  # __init__
+    | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt._client", "vrt._server"}
+    | {"vrt._cluster", "vrt.testing", "vrt", "vrt.check", "vrt.asgi"},
+    "vrt": BASE
+    | {"vrt.models", "vrt._engine", "vrt._wire", "vrt._net", "vrt._client"}
+    | {"vrt._server"},  # __init__
 }
 """What each layer may import of the others (its own package always)."""
 
@@ -122,14 +130,18 @@ def test_every_module_belongs_to_a_known_layer() -> None:
 @pytest.mark.parametrize(
     ("file", "line", "found"),
     [
-        ("vrt/_engine/turn.py", "from vrt._net import link", "vrt._engine imports vrt._net"),
+        ("vrt/_engine/turn.py", "from vrt._net import pumps", "vrt._engine imports vrt._net"),
         ("vrt/_wire/codec.py", "import trio", "vrt._wire imports trio"),
         ("vrt/_wire/client.py", "from vrt._engine import call", "vrt._wire imports vrt._engine"),
         ("vrt/_wire/server.py", "from vrt import models", "vrt._wire imports vrt.models"),
         ("machines/turn.py", "import vrt", "machines imports vrt"),
         ("vrt/_core/tables.py", "from vrt._engine.tools import AppTool", "vrt._core imports"),
         ("vrt/check/_model.py", "import trio", "vrt.check imports trio"),
-        ("vrt/_net/hub.py", "from vrt import asgi", "vrt._net imports vrt.asgi"),
+        ("vrt/_server/hub.py", "from vrt import asgi", "vrt._server imports vrt.asgi"),
+        ("vrt/_cluster/node.py", "from vrt._server import hub", "vrt._cluster imports vrt._server"),
+        ("vrt/_cluster/store.py", "import vrt._client.dial", "vrt._cluster imports vrt._client"),
+        ("vrt/_client/dial.py", "from vrt._server.link import Link", "vrt._client imports"),
+        ("vrt/_net/pumps.py", "from vrt._server import frames", "vrt._net imports vrt._server"),
         ("vrt/asgi.py", "import vrt.testing", "vrt.asgi imports vrt.testing"),
     ],
 )

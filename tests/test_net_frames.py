@@ -1,4 +1,4 @@
-"""vrt._net.frames: every engine event to the message that carries it, without sockets."""
+"""vrt._server.frames: every engine event to the message that carries it, without sockets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import vrt
 from vrt._core.bounded import RecentSet
 from vrt._core.events import TextSoFar, preview_length
 from vrt._core.previews import Previews
-from vrt._net.frames import message_of, messages_of
+from vrt._server.frames import message_of, messages_of
 from vrt._wire import codec
 from vrt._wire import messages as m
 

@@ -20,7 +20,7 @@ from trio_websocket import wrap_client_stream
 import vrt
 from tests.conftest import Log, until
 from tests.test_wire_errors import FRAME_TIMEOUT, Frame, Peer, app_agent, chat_agent, serving
-from vrt._net import link as _link
+from vrt._server import link as _link
 from vrt._wire import messages as m
 from vrt.testing import CuttingConnection, open_pair
 

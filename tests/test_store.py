@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from tests.servers import free_port, redis_server
-from vrt._net.store import MemoryStore, RedisStore, Saved, Store, StoreError, open_store
+from vrt._cluster.store import MemoryStore, RedisStore, Saved, Store, StoreError, open_store
 
 
 @pytest.fixture(scope="module")

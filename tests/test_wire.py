@@ -284,7 +284,7 @@ async def test_without_tool_stream_v1_only_previews(
         events = await run_turn(client)
     assert not [e for e in events if isinstance(e, vrt.ToolStream)]
     previews = [e for e in events if isinstance(e, vrt.ToolPreview)]
-    # coalesced (vrt._net.frames.Previews): the first, then the complete one
+    # coalesced (vrt._server.frames.Previews): the first, then the complete one
     assert [(p.arguments, p.complete) for p in previews] == [("", False), ('{"i": 1}', True)]
 
 

@@ -15,7 +15,7 @@ from wsproto.events import AcceptConnection, Request, TextMessage
 
 import vrt
 from tests.conftest import Log, drain, until
-from vrt._net import client as _client
+from vrt._client import client as _client
 from vrt._wire import messages as m
 from vrt._wire.client import ClientProtocol
 from vrt.testing import assert_stream_valid

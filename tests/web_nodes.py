@@ -1,7 +1,7 @@
 """Servers for the browser's ``handover-v1`` tests, on a Trio loop of their own thread
 (tests/test_browser.py drives Playwright synchronously, from the main thread).
 
-:func:`nodes`: two ``vrt.serve`` sharing a :class:`~vrt._net.store.MemoryStore` behind a
+:func:`nodes`: two ``vrt.serve`` sharing a :class:`~vrt._cluster.store.MemoryStore` behind a
 :class:`~vrt.testing.LoopbackProxy` whose target the test moves, as in
 tests/test_handover.py: the test drains one (``Server.drain()``) or crashes it (its serve
 scope cancelled, its lease ended by hand) while the page, or the Python client in the same
@@ -26,7 +26,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
 import vrt
-from vrt._net.store import MemoryStore
+from vrt._cluster.store import MemoryStore
 from vrt.testing import LoopbackProxy
 
 

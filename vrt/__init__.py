@@ -7,6 +7,8 @@ server as an ASGI application), which ``import vrt`` does not load.
 """
 
 from vrt import models
+from vrt._client.client import Client
+from vrt._client.dial import connect
 from vrt._core.events import (
     Closed,
     ConfirmRequest,
@@ -38,9 +40,7 @@ from vrt._errors import (
     SessionClosed,
     VrtError,
 )
-from vrt._net.client import Client
-from vrt._net.dial import connect
-from vrt._net.serve import HandshakeRequest, Refuse, Server, serve
+from vrt._server.serve import HandshakeRequest, Refuse, Server, serve
 from vrt.models import Model, ModelRequest, ToolSpec
 from vrt.models._scripted import ScriptedModel, call, pause, say
 

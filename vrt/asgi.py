@@ -3,7 +3,7 @@ Starlette or Quart-Trio.
 
 ``vrt.asgi.app(agent, **options)`` takes ``vrt.serve``'s options (:func:`app` lists them)
 and runs the same protocol core: a WebSocket scope is handed to the same
-:class:`~vrt._net.hub.Hub` as a connection ``vrt.serve`` accepted (its hello, its session,
+:class:`~vrt._server.hub.Hub` as a connection ``vrt.serve`` accepted (its hello, its session,
 resume, limits, ``authenticate``), through :class:`AsgiConnection`, which gives the ASGI
 WebSocket trio-websocket's shape; an HTTP scope gets the answer of the same route table
 (:func:`vrt._net.web.respond`: the browser client's files, ``/healthz``, ``/metrics``).
@@ -36,7 +36,6 @@ import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
 from vrt._engine.agent import Agent
-from vrt._net.hub import Hub, peer_of
 from vrt._net.options import (
     FIRST_TURN_TIMEOUT,
     HANDSHAKE_TIMEOUT,
@@ -52,6 +51,7 @@ from vrt._net.options import (
 )
 from vrt._net.upgrade import HELLO_LIMIT, Authenticate, HandshakeRequest, Refused, decide
 from vrt._net.web import Response, respond
+from vrt._server.hub import Hub, peer_of
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE

@@ -23,8 +23,8 @@ from vrt import check as vrt_check
 from vrt._cli import demo_agent
 from vrt._cli.demo import FAST, run_demo
 from vrt._cli.telemetry import install_prometheus
+from vrt._cluster.node import default_name
 from vrt._engine.groups import single_unwrapped
-from vrt._net.node import default_name
 from vrt._net.tls import load_server_context
 
 Handler = Callable[[argparse.Namespace], int]

@@ -33,7 +33,7 @@ INTERRUPTED = ToolResult.failure(ResultCode.INTERRUPTED, "the turn was interrupt
 
 
 class AppHost(Protocol):
-    """Where app calls run: the client of the session (see ``vrt._net.actor``)."""
+    """Where app calls run: the client of the session (see ``vrt._server.actor``)."""
 
     @property
     def eager(self) -> bool:

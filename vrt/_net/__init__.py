@@ -1,8 +1,12 @@
-"""The Trio transport: sessions hosted over WebSocket connections, and the client.
+"""The plumbing both sides use: sockets in, WebSocket frames out.
 
-:func:`~.serve.serve` accepts connections and hosts one session actor per session
-(:mod:`.actor`), carried by one connection at a time (:mod:`.link`: reader, writer, rate
-limit); :func:`~.dial.connect` opens the client's connections and :mod:`.client` pumps the
-client's protocol core. Both sides pump the sans-IO cores of :mod:`vrt._wire`; the server
-runs the engine of :mod:`vrt._engine` for each session.
+:mod:`.accept` takes TCP connections in under a pool of pending handshakes; :mod:`.tls`
+makes the contexts; :mod:`.upgrade` takes an HTTP request to a WebSocket (or to
+:mod:`.web`, the plain-HTTP front: the browser client's files, ``/healthz``,
+``/metrics`` from :mod:`.metrics`); :mod:`.pumps` moves frames between a channel and a
+connection and keeps the shared ack timer; :mod:`.memory` is the in-memory transport for
+tests and embedding; :mod:`.options` declares the server's options, once.
+
+Above it, three rooms: :mod:`vrt._server` (the server), :mod:`vrt._client` (the client)
+and :mod:`vrt._cluster` (what lets a session move between processes).
 """

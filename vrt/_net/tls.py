@@ -2,7 +2,7 @@
 and ``vrt serve --certfile --keyfile``'s context.
 
 The handshake itself runs on each connection (:meth:`vrt._net.accept.GuardedStream.start_tls`
-on the server, inside the handshake deadline; :mod:`vrt._net.dial` on the client). What is
+on the server, inside the handshake deadline; :mod:`vrt._client.dial` on the client). What is
 checked here is what would otherwise fail every connection later and quietly: a server
 context that is a client's, or that has no certificate (each handshake would be dropped at
 DEBUG, as a peer's fault).

@@ -30,7 +30,7 @@ log = logging.getLogger("vrt.server")
 
 RELAY_HEADER = "x-vrt-relay"
 """The header a node adds to a resume it relays to the node running the session (the
-relaying node's name): :mod:`vrt._net.relay`."""
+relaying node's name): :mod:`vrt._cluster.relay`."""
 HELLO_LIMIT = 64 * 1024
 """The largest frame a connection may send before its ``hello`` is accepted (a hello with a
 hundred small app tools fits): a connection still in its handshake holds at most this much."""

@@ -1,5 +1,5 @@
 """``vrt check``: the client's side of the composed model (vrt/_wire/client.py,
-vrt/_net/client.py): the call views, the epoch gate, the serial app-tool queue, the user's
+vrt/_client/client.py): the call views, the epoch gate, the serial app-tool queue, the user's
 interrupt, the turn's end (deduplicated), and the connection as the client sees it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``vrt check``: the server's side of the composed model (vrt/_engine/turn.py, vrt/_engine/call.py,
-vrt/_net/serve.py): the model's stream, each call's task, interrupts, the session's life, and
+vrt/_server/serve.py): the model's stream, each call's task, interrupts, the session's life, and
 ``handover-v1``: the saves at turn boundaries, the planned handover, the crash and the
 settling of the lost turn by the process that adopts the session."""
 

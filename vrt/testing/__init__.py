@@ -26,9 +26,9 @@ from typing import Any
 
 import trio
 
+from vrt._client.client import Client
 from vrt._engine.agent import Agent
-from vrt._net.client import Client
-from vrt._net.serve import Server, serve
+from vrt._server.serve import Server, serve
 from vrt.testing._providers import FakeProvider
 from vrt.testing._proxy import LoopbackProxy
 from vrt.testing._scripted_agent import (

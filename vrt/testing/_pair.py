@@ -9,13 +9,13 @@ from typing import Any
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
+from vrt._client.client import Client, open_client
 from vrt._engine.agent import Agent
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.tools import AppTool
-from vrt._net.client import Client, open_client
-from vrt._net.hub import Hub
 from vrt._net.memory import MemoryConnection, memory_connection_pair
 from vrt._net.options import Options
+from vrt._server.hub import Hub
 from vrt._wire import messages as m
 
 

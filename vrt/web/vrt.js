@@ -1,6 +1,6 @@
 // vrt.js: the browser client of vrt/1 (PROTOCOL.md), a dependency-free ES module.
 //
-// The same client half as the Python client (vrt/_wire/client.py, vrt/_net/client.py):
+// The same client half as the Python client (vrt/_wire/client.py, vrt/_client/client.py):
 // hello/welcome and capabilities (tool-stream-v1, batch-v1, local-preview-v1,
 // handover-v1), seq/ack and the replay buffer, resume with jittered backoff and a connect
 // deadline (at once after a close 1012, saying which calls and turn it holds open), the
@@ -43,7 +43,7 @@ const HANDOVER_V1 = "handover-v1";
 /** Close code "service restart" (handover-v1): the session moved, resume now, elsewhere. */
 const HANDOVER_CLOSE = 1012;
 /** A resumed connection that lasts this long ends the resume episode: the next loss has a
- * fresh timeout and backoff (vrt/_net/client.py's STABLE_AFTER). One that drops sooner
+ * fresh timeout and backoff (vrt/_client/client.py's STABLE_AFTER). One that drops sooner
  * keeps both, so a server that drops every resume is not retried forever. */
 const STABLE_AFTER = 5000; // ms
 /** The most entries of a resume hello's `open` (vrt/_wire/messages.py's OPEN_LIMIT). */

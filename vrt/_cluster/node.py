@@ -19,8 +19,8 @@ from typing import Any
 import attrs
 import trio
 
-from vrt._net.handover import State, checks, principal_hash, restore, token_matches
-from vrt._net.store import Store, StoreError
+from vrt._cluster.record import State, checks, principal_hash, restore, token_matches
+from vrt._cluster.store import Store, StoreError
 from vrt._wire import messages as m
 
 log = logging.getLogger("vrt.server")

@@ -5,7 +5,7 @@ valkey-glide for ``redis://`` and ``valkey://`` URLs, and :class:`MemoryStore`, 
 rules over a dict, for one process and for tests on Trio's clock. Both hold two kinds of
 record:
 
-- a **session**: its saved state and its history (opaque bytes: :mod:`vrt._net.handover`
+- a **session**: its saved state and its history (opaque bytes: :mod:`vrt._cluster.record`
   writes and reads them; the history one record an item, appended and trimmed at its
   front, so a save costs what changed) and its **owner**, the node running it, or ``""``
   once handed over (parked). Every change of owner is a compare-and-set, so two nodes

@@ -2,7 +2,7 @@
 
 Every connection, the first and each resume's, is opened here (TCP, TLS for ``wss://``,
 the HTTP upgrade) under the attempt's deadline (``connect_timeout``, which the client also
-holds over the ``welcome``); :mod:`vrt._net.client` pumps the protocol on them. A peer that
+holds over the ``welcome``); :mod:`vrt._client.client` pumps the protocol on them. A peer that
 closes or answers nonsense during the upgrade is an error at once, never a hang.
 """
 
@@ -23,11 +23,7 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from vrt._engine.groups import single_unwrapped
-from vrt._engine.tools import AppTool
-from vrt._errors import RemoteProtocolError
-from vrt._net.accept import GuardedStream
-from vrt._net.client import (
+from vrt._client.client import (
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
     RESUME_TIMEOUT,
@@ -35,6 +31,10 @@ from vrt._net.client import (
     Lost,
     open_client,
 )
+from vrt._engine.groups import single_unwrapped
+from vrt._engine.tools import AppTool
+from vrt._errors import RemoteProtocolError
+from vrt._net.accept import GuardedStream
 from vrt._net.pumps import patiently
 from vrt._net.tls import client_context
 from vrt._wire import messages as m
@@ -135,7 +135,7 @@ async def _open_ws(
     max_message_size: int,
 ) -> AsyncIterator[WebSocketConnection]:
     """One WebSocket connection: TCP (and TLS with ``ssl_context``), then the upgrade. A
-    peer that leaves before the upgrade is done raises :class:`~vrt._net.client.Lost` at
+    peer that leaves before the upgrade is done raises :class:`~vrt._client.client.Lost` at
     once."""
     # We open (and always close) the TCP stream ourselves: trio-websocket's client leaves
     # it open when the server ends the connection first.

@@ -22,7 +22,7 @@ from vrt._wire import messages as m
 
 if TYPE_CHECKING:
     from vrt._net.accept import GuardedStream
-    from vrt._net.actor import SessionActor
+    from vrt._server.actor import SessionActor
 
 log = logging.getLogger("vrt.server")
 

@@ -3,10 +3,10 @@ connections.
 
 The actor owns a session's :class:`~vrt._wire.server.ServerProtocol` and its in-process
 :class:`~vrt.Session`: client messages become session actions (:meth:`SessionActor.receive`),
-session events become messages (:func:`~vrt._net.frames.message_of`, in the engine's own
+session events become messages (:func:`~vrt._server.frames.message_of`, in the engine's own
 order), and app calls go to the client and wait for its ``tool.result``
 (:meth:`SessionActor.send_app`, the engine's app host). The connection currently carrying the
-session is its :class:`~vrt._net.link.Link`; without one (detached) the frames wait in the
+session is its :class:`~vrt._server.link.Link`; without one (detached) the frames wait in the
 protocol's replay buffer for a resume.
 """
 
@@ -19,6 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from vrt._cluster.record import (
+    State,
+    TooLarge,
+    encode_item,
+    encode_state,
+    limit_bytes,
+    principal_hash,
+    token_hash,
+)
+from vrt._cluster.relay import HANDOVER_CLOSE
+from vrt._cluster.store import StoreError
 from vrt._core.bounded import RecentSet
 from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._core.previews import Previews
@@ -28,20 +39,9 @@ from vrt._engine.call import Call
 from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
 from vrt._errors import SessionClosed
-from vrt._net.frames import messages_of
-from vrt._net.handover import (
-    State,
-    TooLarge,
-    encode_item,
-    encode_state,
-    limit_bytes,
-    principal_hash,
-    token_hash,
-)
-from vrt._net.link import Link, RateLimit, send_and_close
 from vrt._net.pumps import cancelled
-from vrt._net.relay import HANDOVER_CLOSE
-from vrt._net.store import StoreError
+from vrt._server.frames import messages_of
+from vrt._server.link import Link, RateLimit, send_and_close
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.endpoint import FrameTooLarge
@@ -50,7 +50,7 @@ from vrt.models import ToolSpec, TurnInterrupted, UserInput
 
 if TYPE_CHECKING:
     from vrt._net.accept import GuardedStream
-    from vrt._net.hub import Hub
+    from vrt._server.hub import Hub
 
 log = logging.getLogger("vrt.server")
 

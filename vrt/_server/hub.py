@@ -19,18 +19,18 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed
 
+from vrt._cluster.node import Adopt, Here, Node, RelayTo
+from vrt._cluster.record import State
+from vrt._cluster.relay import HANDOVER_CLOSE, Parked, Unreachable, relay
+from vrt._cluster.store import StoreError
 from vrt._engine import telemetry
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, GuardedStream, Pending, peer_address
-from vrt._net.actor import SessionActor
-from vrt._net.handover import State
-from vrt._net.link import send_and_close
-from vrt._net.node import Adopt, Here, Node, RelayTo
 from vrt._net.options import Options
 from vrt._net.pumps import AckTimer
-from vrt._net.relay import HANDOVER_CLOSE, Parked, Unreachable, relay
-from vrt._net.store import StoreError
 from vrt._net.upgrade import RELAY_HEADER, HandshakeRequest, open_to_messages, upgrade
+from vrt._server.actor import SessionActor
+from vrt._server.link import send_and_close
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.server import ServerProtocol

@@ -1,8 +1,8 @@
 """``vrt.serve``: the vrt/1 WebSocket server.
 
-:func:`serve` listens and accepts (:mod:`vrt._net.accept`); the :class:`~vrt._net.hub.Hub`
+:func:`serve` listens and accepts (:mod:`vrt._net.accept`); the :class:`~vrt._server.hub.Hub`
 takes each connection through its upgrade (:mod:`vrt._net.upgrade`) and ``hello``, opens or
-resumes its session, and hosts one :class:`~vrt._net.actor.SessionActor` per session. A bad
+resumes its session, and hosts one :class:`~vrt._server.actor.SessionActor` per session. A bad
 peer gets ``error`` frames, or is dropped; the server itself never goes down for it.
 """
 
@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Collection
 import attrs
 import trio
 
+from vrt._cluster.node import Node, default_name
+from vrt._cluster.store import RedisStore, Store, open_store
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, Pending, accept_loop
-from vrt._net.hub import Hub
-from vrt._net.node import Node, default_name
 from vrt._net.options import (
     DRAIN_TIMEOUT,
     FIRST_TURN_TIMEOUT,
@@ -37,9 +37,9 @@ from vrt._net.options import (
     make_options,
     positive_number,
 )
-from vrt._net.store import RedisStore, Store, open_store
 from vrt._net.tls import server_context
 from vrt._net.upgrade import Authenticate, HandshakeRequest, Refuse
+from vrt._server.hub import Hub
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
@@ -198,12 +198,12 @@ async def serve(
     Serving in production (``handover-v1``, docs/deploy.md):
 
     - ``store``: ``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a
-      store object shared by servers of one process (``vrt._net.store.MemoryStore``).
+      store object shared by servers of one process (``vrt._cluster.store.MemoryStore``).
       Each session is saved there at every turn boundary; a resume that reaches another
       server sharing the store is relayed to the one running the session, or adopts it
       there once it was handed over (:meth:`Server.drain`) or its server died (after a
       lease of 5 s: the turn that was running ends ``interrupted``). Records expire with
-      ``resume_window``. Raises :class:`~vrt._net.store.StoreError` at once if the store
+      ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if the store
       does not answer. Without a store, sessions live in this process only, as always.
     - ``node``: this server's name in the store and in logs (default ``host:pid``).
     - ``drain_timeout`` (30 s): how long a drain waits for a turn to end before it

@@ -3,7 +3,7 @@
 The client pumps a sans-IO :class:`~vrt._wire.client.ClientProtocol`: the epoch gate, the
 CallView of every call and the serial app-tool queue all live there; this module owns the
 tasks (reader, writer, app runner, acks) and runs the app tools. ``vrt.connect``
-(:mod:`vrt._net.dial`) opens its connections; :func:`open_client` runs it on any.
+(:mod:`vrt._client.dial`) opens its connections; :func:`open_client` runs it on any.
 """
 
 from __future__ import annotations
