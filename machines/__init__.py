@@ -10,11 +10,30 @@ from machines.app_call import AppCall
 from machines.base import VrtChart
 from machines.call_view import CallView
 from machines.connection import Connection
+from machines.movement import Movement
 from machines.session import Session
 from machines.tool_call import ToolCall
 from machines.turn import Turn
 
 #: Every machine of the project, in the order of DESIGN.md's table.
-ALL: tuple[type[VrtChart], ...] = (ToolCall, Turn, Session, Connection, AppCall, CallView)
+ALL: tuple[type[VrtChart], ...] = (
+    ToolCall,
+    Turn,
+    Session,
+    Connection,
+    AppCall,
+    CallView,
+    Movement,
+)
 
-__all__ = ["ALL", "AppCall", "CallView", "Connection", "Session", "ToolCall", "Turn", "VrtChart"]
+__all__ = [
+    "ALL",
+    "AppCall",
+    "CallView",
+    "Connection",
+    "Movement",
+    "Session",
+    "ToolCall",
+    "Turn",
+    "VrtChart",
+]

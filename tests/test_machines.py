@@ -118,6 +118,15 @@ def test_design_table_states_and_events() -> None:
             "delta complete progress settle cancel fail",
             "settled cancelled failed",
         ),
+        # DESIGN.md: "Movement, a session's place in the cluster: owned, saving, handing
+        # over, handed over, adopted (names yours)": owned is idle, busy or moving; a save
+        # is an event of an owned session; adopted from a handover or, after a crash,
+        # recovering.
+        "Movement": (
+            "new adopted recovering idle busy moving handing_over handed_over closed",
+            "open adopt adopt_lost resume start rest save move hand_over let_go stay taken close",
+            "handed_over closed",
+        ),
     }
     for table in _tables.TABLES:
         states, events, finals = expected[table.name]
@@ -136,6 +145,21 @@ def test_illegal_event_raises_in_both_modes() -> None:
         assert machine.final
         with pytest.raises(vrt.InvalidTransition):
             machine.send("finish")
+
+
+def test_can_is_what_send_would_do_in_both_modes() -> None:
+    """``can`` answers from the table (compiled) or the library (strict), alike for every
+    (state, event) pair of every machine."""
+    for table in _tables.TABLES:
+        for state in table.states:
+            for event in table.events:
+                compiled = Machine(table)
+                compiled.state = state
+                strict = StrictMachine(table)
+                strict.chart = table.chart(start_value=state)
+                strict.state = state
+                assert compiled.can(event) == ((state, event) in table.transitions)
+                assert strict.can(event) == compiled.can(event), (table.name, state, event)
 
 
 def test_strict_machine_runs_the_library() -> None:

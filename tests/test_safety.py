@@ -20,7 +20,7 @@ from trio_websocket import wrap_client_stream
 import vrt
 from tests.conftest import Log, until
 from tests.test_wire_errors import FRAME_TIMEOUT, Frame, Peer, app_agent, chat_agent, serving
-from vrt._server import link as _link
+from vrt._server import ratelimit as _ratelimit
 from vrt._wire import messages as m
 from vrt.testing import CuttingConnection, open_pair
 
@@ -290,7 +290,7 @@ async def test_max_queued_app_calls() -> None:
 async def test_the_message_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the rate: RATE_LIMITED once, frames read slowly; still over it after a while:
     closed."""
-    monkeypatch.setattr(_link, "RATE_CLOSE_AFTER", 0.3)
+    monkeypatch.setattr(_ratelimit, "RATE_CLOSE_AFTER", 0.3)
     async with (
         serving(chat_agent(), max_messages_per_second=20) as server,
         connected(server) as peer,

@@ -71,6 +71,10 @@ class Machine:
             raise InvalidTransition(self.table.name, self.state, event) from None
         return self.state
 
+    def can(self, event: str) -> bool:
+        """Whether the machine takes ``event`` in its state (what :meth:`send` would do)."""
+        return (self.state, event) in self.table.transitions
+
     @property
     def final(self) -> bool:
         """Whether the machine is in a final state."""
@@ -99,6 +103,10 @@ class StrictMachine:
         (self.state,) = self.chart.configuration_values
         return self.state
 
+    def can(self, event: str) -> bool:
+        """Whether the library instance takes ``event`` now."""
+        return any(e.id == event for e in self.chart.allowed_events)
+
     @property
     def final(self) -> bool:
         """Whether the machine is in a final state."""
@@ -114,6 +122,7 @@ SESSION: Final = Table(machines.Session)
 CONNECTION: Final = Table(machines.Connection)
 APP_CALL: Final = Table(machines.AppCall)
 CALL_VIEW: Final = Table(machines.CallView)
+MOVEMENT: Final = Table(machines.Movement)
 
 #: Every compiled table, in the order of :data:`machines.ALL`.
-TABLES: Final = (TOOL_CALL, TURN, SESSION, CONNECTION, APP_CALL, CALL_VIEW)
+TABLES: Final = (TOOL_CALL, TURN, SESSION, CONNECTION, APP_CALL, CALL_VIEW, MOVEMENT)

@@ -5,43 +5,42 @@ The actor owns a session's :class:`~vrt._wire.server.ServerProtocol` and its in-
 :class:`~vrt.Session`: client messages become session actions (:meth:`SessionActor.receive`),
 session events become messages (:func:`~vrt._server.frames.message_of`, in the engine's own
 order), and app calls go to the client and wait for its ``tool.result``
-(:meth:`SessionActor.send_app`, the engine's app host). The connection currently carrying the
-session is its :class:`~vrt._server.link.Link`; without one (detached) the frames wait in the
-protocol's replay buffer for a resume.
+(:class:`~vrt._server.appcalls.AppCalls`, the engine's app host). The connection currently
+carrying the session is its :class:`~vrt._server.link.Link`; without one (detached) the frames
+wait in the protocol's replay buffer for a resume.
+
+Where the session runs, and whether a turn may start, is its Movement machine's
+(``machines/movement.py``): the actor starts turns only while it is owned here (``idle`` to
+``busy`` and back); with a store, the session's :class:`~vrt._cluster.keeper.Keeper` saves it
+at its turn boundaries and hands it over, through the actor's narrow side of it (the
+``Host`` methods below: :meth:`SessionActor.state`, :meth:`~SessionActor.history`,
+:meth:`~SessionActor.saved`, :meth:`~SessionActor.let_go`, :meth:`~SessionActor.stay`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from vrt._cluster.record import (
-    State,
-    TooLarge,
-    encode_item,
-    encode_state,
-    limit_bytes,
-    principal_hash,
-    token_hash,
-)
+from vrt._cluster.keeper import Keeper
+from vrt._cluster.node import Adopt
+from vrt._cluster.record import State, principal_hash, token_hash
 from vrt._cluster.relay import HANDOVER_CLOSE
-from vrt._cluster.store import StoreError
-from vrt._core.bounded import RecentSet
 from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._core.previews import Previews
-from vrt._core.results import ResultCode, ToolResult
+from vrt._core.tables import MOVEMENT
 from vrt._engine import telemetry
-from vrt._engine.call import Call
 from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
 from vrt._errors import SessionClosed
 from vrt._net.pumps import cancelled
+from vrt._server.appcalls import AppCalls
 from vrt._server.frames import messages_of
-from vrt._server.link import Link, RateLimit, send_and_close
+from vrt._server.link import Link, send_and_close
+from vrt._server.ratelimit import RateLimit
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.endpoint import FrameTooLarge
@@ -56,9 +55,6 @@ log = logging.getLogger("vrt.server")
 
 STALL_TIMEOUT = 30.0
 """A connected client held at the high water mark this long without acking is closed."""
-HELD_FRAMES = 1000
-"""Frames held while a handover's last save is under way (a rate-limited client sends at
-most about a hundred a second; a save takes milliseconds)."""
 
 
 class SessionActor:
@@ -72,10 +68,10 @@ class SessionActor:
         principal: Any,
         peer: Any,
         *,
-        restored: State | None = None,
+        adopted: Adopt | None = None,
     ) -> None:
         self.hub = hub
-        self.restored = restored
+        self.restored = adopted.state if adopted is not None else None
         """The saved state this session goes on from (adopted from another node), if any."""
         self.peer = peer
         """Whom ``max_sessions_per_peer`` counts this session for."""
@@ -86,47 +82,38 @@ class SessionActor:
         self.principal = principal
         self.link: Link | None = None
         self.session: Session | None = None
-        self.rate = RateLimit(self.options.max_messages_per_second)
+        self.rate = RateLimit(self.options.max_messages_per_second, trio.current_time())
+        self.movement = MOVEMENT.new()
+        """Where the session runs and whether a turn may start (the Movement machine)."""
+        if adopted is None:
+            self.movement.send("open")
+        else:
+            self.movement.send("adopt_lost" if adopted.crashed else "adopt")
+        node = hub.node
+        self.keeper = (
+            Keeper(node, self, self.movement, self.options, restored=self.restored)
+            if node is not None
+            else None
+        )
+        """Saves the session to the store, hands it over (None without a store)."""
+        self.app_calls = AppCalls(proto, self.flush)
         self._nursery: trio.Nursery | None = None
         """The actor's: the session's turns run here, and cancelling it ends the session."""
         self._inputs: list[tuple[str, int]] = []
         """Inputs whose turns have not started, with the interrupt count when each came."""
-        self._starting = False
         self._turned = False
         """A turn was asked for (an ``input``): the first-turn limit no longer applies."""
         # Made when someone waits on them (idle sessions are many: each object counts).
         self._acked: trio.Event | None = None
         self._attached: trio.Event | None = None
         self._detached: trio.Event | None = None
-        self.pending: dict[str, _Pending] = {}
         self._interrupts = 0
-        # For the error a late tool.result gets (STALE_EPOCH, DUPLICATE_RESULT): the
-        # newest calls only, so a long session does not grow by every call.
-        self.issued: RecentSet[str] = RecentSet(1000)
-        self.answered: RecentSet[str] = RecentSet(1000)
-        self.lost_calls: RecentSet[str] = RecentSet(1000)
-        """Calls of a turn lost with a crashed node, ended at the adoption."""
         self._previews = Previews()
         self._wire_previews = True
         """Whether ``tool.preview`` frames go out (not with ``local-preview-v1``)."""
         self._piece = self.options.max_message_size // 16
         """Characters of model text or argument fragment per frame, at most (a character
         may take 12 bytes escaped: an emoji is written as two \\u escapes)."""
-        # With a store: the state saved at the last turn boundary, not yet written, and
-        # the lock that keeps saves (and the handover's last one) in order.
-        self._unsaved: _Unsaved | None = None
-        self._stored = 0
-        """The number of the history item after the last one the store holds."""
-        if restored is not None:
-            self._stored = restored.history_offset + len(restored.history)
-        self._save_wanted: trio.Event | None = None
-        self._save_lock = trio.Lock()
-        self._held: list[str | bytes] | None = None
-        """Frames read while a handover's last save is under way (see :meth:`receive`)."""
-        self.move_at_boundary = False
-        """Hand the session over at its next turn boundary (a drain, or a connection
-        relayed from another node: the session goes where its client is)."""
-        self.handed_over = False
 
     @property
     def log_id(self) -> str:
@@ -185,21 +172,20 @@ class SessionActor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the session until it closes or expires: one task and one nursery, which its
         turns share (the fewer per session, the more sessions fit: bench/load.py)."""
-        node = self.hub.node
+        keeper = self.keeper
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 session = self._open_session(nursery)
-                if node is not None:
-                    self._save_wanted = trio.Event()
-                    nursery.start_soon(self._saver)
+                if keeper is not None:
+                    await nursery.start(keeper.run)
                     if self.proto.ack_limit is None:  # adopted: its saved received seq
                         self.proto.ack_limit = self.proto.received_seq if self.restored else 0
                 try:
                     task_status.started()
                     await self._expiry()
                 finally:
-                    if self.handed_over:
+                    if self.movement.state == "handed_over":
                         session.hand_over()
                     else:
                         session.close("client")  # cancels the nursery: the turns end with it
@@ -212,16 +198,18 @@ class SessionActor:
             self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
-            if self.handed_over:
+            handed_over = self.movement.state == "handed_over"
+            if not self.movement.final:
+                self.movement.send("close")
+            if handed_over:
                 log.info("session %s handed over", self.log_id)
             else:
                 log.info("session %s ended (%s)", self.log_id, self.proto.closed_reason)
             self.flush()
             self._drop_link()
-            if node is not None:
-                node.forget(self.proto.session_id)
-                if not self.handed_over and self.proto.closed_reason != "shutdown":
-                    await self._forget_in_store()
+            if keeper is not None:
+                shutdown = self.proto.closed_reason == "shutdown"
+                await keeper.forget(delete=not handed_over and not shutdown)
 
     def _open_session(self, nursery: trio.Nursery) -> Session:
         specs = [
@@ -232,7 +220,7 @@ class SessionActor:
             self.agent,
             self.proto.session_id,
             app_tools=specs,
-            app_host=self,
+            app_host=self.app_calls,
             principal=self.principal,
             capture_content=self.options.capture_content,
         )
@@ -354,13 +342,12 @@ class SessionActor:
     def receive(self, frame: str | bytes) -> None:
         """One frame from the connection carrying the session (past the rate limit).
 
-        While the session is being handed over, frames are held, not read: the saved
-        state does not count them, so the client sends them again to the next process
-        (its resume replays what that process's ``welcome`` says it lacks). Read if the
-        handover fails."""
-        if self._held is not None:
-            if len(self._held) < HELD_FRAMES:
-                self._held.append(frame)
+        While the session is being handed over, frames are held, not read (see
+        :attr:`Keeper.holding <vrt._cluster.keeper.Keeper.holding>`); read if the handover
+        fails."""
+        keeper = self.keeper
+        if keeper is not None and keeper.holding:
+            keeper.hold(frame)
             return
         proto = self.proto
         session = self.session
@@ -377,6 +364,21 @@ class SessionActor:
             _set(self._acked)  # acks wake a held model only while the writer makes headway
         if proto.state == "closed":  # the client's ``close``
             self.end("client")
+
+    def rate_limited(self) -> None:
+        """The first frame over the message rate (of an episode): the client is told."""
+        telemetry.refused("rate")
+        self.proto.error(
+            m.RATE_LIMITED,
+            f"over {self.rate.rate:g} messages a second: they are read more slowly "
+            "until the rate falls",
+        )
+        self.flush()
+
+    def over_rate(self) -> None:
+        """Over the message rate for too long: the session is closed (``server``)."""
+        log.info("session %s closed: over its message rate for too long", self.log_id)
+        self.end("server")
 
     async def _pace(self) -> None:
         """Hold the model while the client is far behind (or detached): unacked messages
@@ -434,15 +436,21 @@ class SessionActor:
             except FrameTooLarge as exc:  # the engine's limits should make this unreachable
                 log.warning("session %s: %s is over max_message_size: not sent", self.log_id, exc)
         if isinstance(event, ToolStream) and event.kind == "app":
-            if event.phase in TERMINAL_PHASES and self.pending.pop(event.call_id, None) is not None:
-                # Ended without the app's result (interrupt or timeout): the app sees the
-                # terminal phase first, then tool.abort, so the tool learns why it stops.
-                proto.send(m.ToolAbort, call_id=event.call_id)
+            if event.phase in TERMINAL_PHASES:
+                self.app_calls.ended(event.call_id)  # tool.abort, if it had no result
         self.flush()
-        if self._save_wanted is not None and type(event) in (TurnStarted, TurnEnded):
-            self._boundary(event.turn_id if type(event) is TurnStarted else None)
+        if self.keeper is not None and type(event) in (TurnStarted, TurnEnded):
+            self.keeper.boundary(event.turn_id if type(event) is TurnStarted else None)
 
-    # -- the store (handover-v1) -------------------------------------------------------------------
+    # -- the keeper's side (vrt._cluster.keeper.Host) --------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.proto.session_id
+
+    @property
+    def in_session(self) -> bool:
+        return self.proto.in_session
 
     def state(self, open_turn: str | None) -> State:
         """The session as it is now, for the store (at a turn boundary)."""
@@ -459,7 +467,7 @@ class SessionActor:
             turns=session.turns,
             open_turn=open_turn,
             turned=self._turned,
-            history=(),  # saved item by item (see _Unsaved)
+            history=(),  # saved item by item (the keeper's)
             history_offset=session.history_offset,
             sent_seq=proto.sent_seq,
             received_seq=proto.received_seq,
@@ -469,136 +477,20 @@ class SessionActor:
             model=session.model_state(),
         )
 
-    def _snapshot(self, open_turn: str | None) -> _Unsaved | None:
-        """The session at this boundary, to be written: its state now, and its history as
-        it is now (the items are encoded when written, only those the store lacks)."""
+    def history(self) -> tuple[int, Snapshot[Any]]:
         session = self.session
         assert session is not None
-        try:
-            data = encode_state(self.state(open_turn), limit_bytes(self.options.replay_limit_bytes))
-        except TooLarge as exc:
-            log.warning("session %s: not saved (%s): it cannot move", self.log_id, exc)
-            return None
-        return _Unsaved(
-            data, self.proto.received_seq, session.history_offset, Snapshot(session.history)
-        )
+        return session.history_offset, Snapshot(session.history)
 
-    def _boundary(self, open_turn: str | None) -> None:
-        """A turn started or ended: save the session (by the saver task, in order); at the
-        end of a turn, hand it over if asked to."""
-        if not self.proto.in_session or self.handed_over:
-            return
-        unsaved = self._snapshot(open_turn)
-        if unsaved is not None:
-            self._unsaved = unsaved
-            assert self._save_wanted is not None
-            self._save_wanted.set()
-        if open_turn is None and self.move_at_boundary and self._nursery is not None:
-            self._nursery.start_soon(self.hand_over)
+    def saved(self, received: int) -> None:
+        """What is saved is safe: the client may forget it (see ``Endpoint.ack_limit``)."""
+        proto = self.proto
+        proto.ack_limit = max(proto.ack_limit or 0, received)
+        if proto.ack_due:
+            self.hub.acks.due(self._send_ack)
 
-    async def _write(self, unsaved: _Unsaved, owner: str) -> bool:
-        """Write ``unsaved`` (under the save lock): its state, and of its history what the
-        store lacks (the front it dropped since, the items it added). False if another
-        node owns the session now; :class:`StoreError` if the store failed (then the next
-        save writes what this one would have: the store skips the items it has, so a
-        save that timed out but was written does no harm)."""
-        node = self.hub.node
-        assert node is not None
-        offset, history = unsaved.history_offset, unsaved.history
-        first = max(self._stored, offset)
-        kept = await node.store.save(
-            self.proto.session_id,
-            node.name,
-            owner,
-            unsaved.state,
-            node.record_ttl,
-            front=offset,
-            first=first,
-            items=[encode_item(item) for item in history[first - offset :]],
-        )
-        if kept:
-            self._stored = offset + len(history)
-        return kept
-
-    async def _saver(self) -> None:
-        """Write each boundary's state to the store, the newest only when several wait."""
-        node = self.hub.node
-        assert node is not None
-        while True:
-            assert self._save_wanted is not None
-            await self._save_wanted.wait()
-            self._save_wanted = trio.Event()
-            async with self._save_lock:
-                unsaved, self._unsaved = self._unsaved, None
-                if unsaved is None or self.handed_over:
-                    continue
-                try:
-                    kept = await self._write(unsaved, node.name)
-                except StoreError as exc:
-                    log.warning("session %s: not saved: %s", self.log_id, exc)
-                    continue
-            if not kept:
-                self._taken()
-                continue
-            # What is saved is safe: the client may forget it (see Endpoint.ack_limit).
-            proto = self.proto
-            proto.ack_limit = max(proto.ack_limit or 0, unsaved.received)
-            if proto.ack_due:
-                self.hub.acks.due(self._send_ack)
-
-    def _taken(self) -> None:
-        """Another node adopted this session (this one's lease ran out, the store said so
-        at a save): let it go, and send the client there (1012)."""
-        if self.handed_over or not self.proto.in_session:
-            return
-        log.warning("session %s: another node took it over: let go here", self.log_id)
-        self._let_go()
-
-    @property
-    def idle(self) -> bool:
-        """Between turns: no turn open, none being started (inputs may wait: they move
-        with the session, in its saved state)."""
-        session = self.session
-        return session is not None and session.turn is None and not self._starting
-
-    async def hand_over(self) -> bool:
-        """Save the session for another node and let it go here, now (it must be between
-        turns): its connection is closed with 1012 (the client resumes elsewhere), no
-        ``closed``. False if it cannot (no store, a turn open, the store failed): the
-        session goes on here."""
-        node = self.hub.node
-        if node is None or self.handed_over or not self.proto.in_session or not self.idle:
-            return False
-        async with self._save_lock:
-            if self.handed_over:  # another hand_over (a drain's retry) did it meanwhile
-                return False
-            unsaved = self._snapshot(None)
-            if unsaved is None or not self.idle:
-                return False
-            self._unsaved = None
-            self._held = []
-            kept: bool | None
-            try:
-                kept = await self._write(unsaved, "")
-            except StoreError as exc:
-                log.warning("session %s: cannot hand over: %s", self.log_id, exc)
-                kept = None
-            held, self._held = self._held, None
-        if kept is None:  # the session stays: read what came meanwhile
-            for frame in held:
-                self.receive(frame)
-            self.move_at_boundary = False
-            self._start_turns()
-            return False
-        if not kept:
-            self._taken()
-            return True
-        self._let_go()
-        return True
-
-    def _let_go(self) -> None:
+    def let_go(self) -> None:
         """End the session here without ``closed``: the connection closes with 1012."""
-        self.handed_over = True
         self.proto.hand_over()
         link, self.link = self.link, None
         if link is not None:
@@ -606,22 +498,33 @@ class SessionActor:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def _forget_in_store(self) -> None:
-        """The session closed for good: its record goes (bounded, shielded)."""
-        node = self.hub.node
-        assert node is not None
-        with trio.move_on_after(2.0) as scope:
-            scope.shield = True
-            try:
-                await node.store.delete(self.proto.session_id, node.name)
-            except StoreError as exc:
-                log.info("session %s: record not deleted (%s): it expires", self.log_id, exc)
+    def stay(self, held: list[str | bytes]) -> None:
+        """The handover failed: read what came meanwhile, and go on here."""
+        for frame in held:
+            self.receive(frame)
+        self._start_turns()
 
-    def settle_lost_turn(self, hello: m.Hello) -> None:
-        """Adopted from a node that crashed: end what the client holds open of the turn
-        that node was running (``handover-v1``). Each call the client reports open gets
-        ``cancelled``, the turn ``turn.ended`` ``interrupted`` with the epoch raised, and
-        the history marks the turn interrupted, as an interrupt would have."""
+    # -- adopted from the store ------------------------------------------------------------------
+
+    def take_over(self, hello: m.Hello) -> None:
+        """Adopted and resumed by ``hello`` (Movement ``resume``): settle the turn the node
+        it came from lost, if any, then start the turns of the inputs that moved with it."""
+        restored = self.restored
+        assert restored is not None
+        lost = self.movement.state == "recovering"
+        self.movement.send("resume")
+        if lost or hello.open or restored.open_turn is not None:
+            self._settle_lost_turn(hello)
+        if restored.inputs:
+            self._inputs.extend((text, self._interrupts) for text in restored.inputs)
+            self._turned = True
+            self._start_turns()
+
+    def _settle_lost_turn(self, hello: m.Hello) -> None:
+        """End what the client holds open of the turn the node the session came from was
+        running (``handover-v1``). Each call the client reports open gets ``cancelled``,
+        the turn ``turn.ended`` ``interrupted`` with the epoch raised, and the history marks
+        the turn interrupted, as an interrupt would have."""
         restored = self.restored
         session = self.session
         assert restored is not None
@@ -633,13 +536,13 @@ class SessionActor:
         epoch = session.epoch
         # What the saved replay already ends, the client gets from it: not ended twice.
         assert hello.resume is not None
-        ended_calls, ended_turns = _ended_in(proto.replay, hello.resume.last_seq)
+        ended_calls, ended_turns = proto.ended_since(hello.resume.last_seq)
         for entry in hello.open:
             if entry.turn_id not in ended_turns:
                 turns[entry.turn_id] = None
             if entry.call_id is None or entry.call_id in ended_calls:
                 continue
-            self.lost_calls.add(entry.call_id)  # a result replayed for it is dropped quietly
+            proto.lose_call(entry.call_id)  # a result replayed for it is dropped quietly
             proto.send(
                 m.ToolStreamMessage,
                 call_id=entry.call_id,
@@ -666,15 +569,8 @@ class SessionActor:
                 sum(1 for e in hello.open if e.call_id is not None),
                 len(turns),
             )
-        self._boundary(None)  # (sent by carry(), after the welcome and the replay)
-
-    def go_on(self) -> None:
-        """Adopted and resumed: start the turns of the inputs that moved with the session."""
-        restored = self.restored
-        if restored is not None and restored.inputs:
-            self._inputs.extend((text, self._interrupts) for text in restored.inputs)
-            self._turned = True
-            self._start_turns()
+        if self.keeper is not None:
+            self.keeper.boundary(None)  # (sent by carry(), after the welcome and the replay)
 
     # -- acting on client messages --------------------------------------------------------------
 
@@ -689,9 +585,9 @@ class SessionActor:
             self._interrupts += 1
             session.interrupt(max(message.epoch, session.epoch + 1))
         elif isinstance(message, m.ToolResultMessage):
-            self._result(message)
+            self.app_calls.result(message, session.epoch)
         elif isinstance(message, m.ConfirmReply):
-            if message.call_id in self.lost_calls:
+            if proto.lost(message.call_id):
                 return  # a call of the turn a crashed node ran: already ended, quietly
             if not session.answer_confirmation(message.call_id, message.approved, message.reason):
                 proto.error(
@@ -701,149 +597,39 @@ class SessionActor:
                 )
 
     def _start_turns(self) -> None:
-        """Start the waiting inputs' turns, unless the session is about to move (they go
-        with it, in its saved state)."""
-        if not self._starting and not self.move_at_boundary and self._inputs:
-            self._starting = True
+        """Start the waiting inputs' turns, if the session is between turns here (Movement
+        ``start``); while it is moving they wait, and go with it in its saved state."""
+        if self._inputs and self.movement.can("start"):
+            self.movement.send("start")
             assert self._nursery is not None
             assert self.session is not None
             self._nursery.start_soon(self._turns, self.session)
 
     async def _turns(self, session: Session) -> None:
-        """Start the waiting inputs' turns one at a time, in arrival order (``start_turn``
-        may wait for a barge-in's turn to end): a task only while inputs wait."""
+        """The session's turns, while it is ``busy``: the waiting inputs' turns, one at a
+        time in arrival order (``start_turn`` waits for a barge-in's turn to end), each to
+        its end. Then it is between turns again (``rest``); or, asked to move meanwhile
+        (``moving``), it is handed over now (the keeper's :meth:`~Keeper.leave`)."""
+        movement = self.movement
         try:
-            while self._inputs and not self.move_at_boundary:
-                text, generation = self._inputs.pop(0)
-                turn = await session.start_turn(text)
-                if generation != self._interrupts:
-                    turn.interrupt()  # the user interrupted after sending it
+            while True:
+                if self._inputs and movement.state == "busy":
+                    text, generation = self._inputs.pop(0)
+                    started = await session.start_turn(text)
+                    if generation != self._interrupts:
+                        started.interrupt()  # the user interrupted after sending it
+                elif (turn := session.turn) is not None:
+                    await turn.wait()
+                else:
+                    break
         except SessionClosed:
             self._inputs.clear()  # closed while they waited (the client's close): no turns
-        finally:
-            self._starting = False
-
-    def _result(self, message: m.ToolResultMessage) -> None:
-        call_id = message.call_id
-        pending = self.pending.get(call_id)
-        if pending is None or pending.result is not None:
-            session = self.session
-            if call_id in self.lost_calls:
-                return  # a call of the turn a crashed node ran: already ended, quietly
-            if call_id in self.answered:
-                code, text = m.DUPLICATE_RESULT, f"call {call_id!r} already has its result"
-            elif call_id in self.issued and session is not None and message.epoch < session.epoch:
-                code, text = (
-                    m.STALE_EPOCH,
-                    f"call {call_id!r} was interrupted (epoch {session.epoch})",
-                )
-            else:
-                code, text = m.UNKNOWN_CALL, f"no open app call {call_id!r}"
-            self.proto.error(code, text, message.seq)
             return
-        if message.epoch != pending.epoch:
-            self.proto.error(
-                m.STALE_EPOCH,
-                f"call {call_id!r} runs in epoch {pending.epoch}, not {message.epoch}",
-                message.seq,
-            )
-            return
-        wire = message.result
-        result = pending.result = (
-            ToolResult.success(wire.output)
-            if wire.ok
-            else ToolResult.failure(ResultCode(wire.code or "FAILED"), wire.message)
-        )
-        del self.pending[call_id]  # answered: its terminal phase sends no tool.abort
-        self.answered.add(call_id)
-        pending.done.set()
-        # Settled here, in the reader's task: ``settled`` leaves with this frame's other
-        # answers, not a scheduler pass later from the call's task (which just ends).
-        pending.call.answered(result)
-
-    # -- the app host (vrt._engine.call.AppHost) ------------------------------------------------
-
-    @property
-    def eager(self) -> bool:
-        """With ``batch-v1``: an app call's ``tool.call`` is queued with its
-        ``arguments-complete``, so they leave in one frame. Without it the order of the
-        frames stays what it always was."""
-        return self.proto.batching
-
-    def send_app(self, call: Call) -> _Pending | ToolResult:
-        """Send an app call's ``tool.call`` now; what waits for its ``tool.result``."""
-        call_id = call.call_id
-        pending = _Pending(call)
-        self.pending[call_id] = pending
-        self.issued.add(call_id)
-        try:
-            self.proto.send(
-                m.ToolCallMessage,
-                call_id=call_id,
-                turn_id=call.turn.turn_id,
-                epoch=call.turn.epoch,
-                name=call.name,
-                arguments=call.arguments,
-            )
-        except FrameTooLarge:  # a Rewrite hook's arguments: the engine bounds the model's
-            del self.pending[call_id]
-            message = "the call's arguments are over what the client takes (max_message_size)"
-            return ToolResult.failure(ResultCode.FAILED, message)
-        self.flush()
-        return pending
-
-
-class _Unsaved:
-    """A boundary's save, not yet written: the state's bytes, the client seq they hold,
-    and the history then (its first item's number, and an O(1) snapshot of the items)."""
-
-    __slots__ = ("history", "history_offset", "received", "state")
-
-    def __init__(
-        self, state: bytes, received: int, history_offset: int, history: Snapshot[Any]
-    ) -> None:
-        self.state = state
-        self.received = received
-        self.history_offset = history_offset
-        self.history = history
-
-
-class _Pending:
-    """An app call waiting for the client's ``tool.result`` (the engine's ``AppWait``).
-
-    Without a result (cancelled: timeout or interrupt) it stays in the actor's ``pending``
-    until the call's terminal phase, which sends tool.abort after it (``_on_event``); with
-    one, :meth:`SessionActor._result` has removed it already."""
-
-    __slots__ = ("call", "done", "epoch", "result")
-
-    def __init__(self, call: Call) -> None:
-        self.call = call
-        self.epoch = call.turn.epoch
-        self.done = trio.Event()
-        self.result: ToolResult | None = None
-
-    async def wait(self) -> ToolResult:
-        """The client's result (see :meth:`SessionActor._result`)."""
-        await self.done.wait()
-        assert self.result is not None
-        return self.result
-
-
-def _ended_in(replay: Any, after: int) -> tuple[set[str], set[str]]:
-    """The calls (a terminal ``tool.stream``) and turns (``turn.ended``) that the replay
-    buffer's messages numbered above ``after`` end."""
-    calls: set[str] = set()
-    turns: set[str] = set()
-    for seq, frame in replay:
-        if seq <= after or ('"turn.ended"' not in frame and '"tool.stream"' not in frame):
-            continue
-        message = json.loads(frame)
-        if message.get("type") == "turn.ended":
-            turns.add(message["turnId"])
-        elif message.get("type") == "tool.stream" and message.get("phase") in TERMINAL_PHASES:
-            calls.add(message["callId"])
-    return calls, turns
+        if movement.can("rest"):
+            movement.send("rest")
+            if movement.state == "handing_over":  # it was moving: it goes now
+                assert self.keeper is not None
+                await self.keeper.leave()
 
 
 def _set(event: trio.Event | None) -> None:

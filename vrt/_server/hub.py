@@ -19,8 +19,8 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed
 
+from vrt._cluster.keeper import adopted_protocol
 from vrt._cluster.node import Adopt, Here, Node, RelayTo
-from vrt._cluster.record import State
 from vrt._cluster.relay import HANDOVER_CLOSE, Parked, Unreachable, relay
 from vrt._cluster.store import StoreError
 from vrt._engine import telemetry
@@ -279,13 +279,14 @@ class Hub:
         relayed = request is not None and request.header(RELAY_HEADER) is not None
         actor = self._matching(hello, principal)
         if actor is not None:
-            if relayed and self.node is not None and actor.idle and await actor.hand_over():
-                # Nothing to carry through another node: the front adopts it instead.
+            keeper = actor.keeper
+            if relayed and keeper is not None and await keeper.hand_over():
+                # Between turns: nothing to carry through another node, the front adopts it.
                 await send_and_close(ws, [], HANDOVER_CLOSE)
                 return
             actor.resume(hello)
-            if relayed and self.node is not None:
-                actor.move_at_boundary = True  # to where the client is, after this turn
+            if relayed and keeper is not None:
+                keeper.move()  # to where the client is, after this turn
             await actor.carry(ws, stream)
             return
         if self.node is None or hello.resume.session_id in self.sessions:
@@ -384,37 +385,13 @@ class Hub:
     ) -> SessionActor | None:
         """Host the session ``found`` in the store, resumed by ``hello``; None if its
         client's lastSeq does not fit what was saved."""
-        assert hello.resume is not None
-        state: State = found.state
-        options = self.options
-        proto = ServerProtocol(
-            session_id=state.session_id,
-            resume_token=found.token,
-            server_tools=self.agent.registry.keys(),
-            capabilities=options.capabilities,
-            max_message_size=options.max_message_size,
-            replay_limit=options.replay_limit,
-            replay_limit_bytes=options.replay_limit_bytes,
-        )
-        proto.max_frame = options.max_message_size
-        tools = tuple(codec.from_plain(t, m.ToolDecl) for t in state.tools)
-        # After a crash the client may have seen messages past the save: number above them.
-        sent = max(state.sent_seq, hello.resume.last_seq) if found.crashed else state.sent_seq
-        proto.adopt(
-            capabilities=state.capabilities,
-            tools=tools,
-            sent_seq=sent,
-            received_seq=state.received_seq,
-            acked_by_peer=state.acked_by_peer,
-            replay=state.replay,
-        )
-        if not proto.can_resume(hello.resume.last_seq):
-            log.info(
-                "session %s: the client's lastSeq does not fit its saved state", proto.session_id
-            )
+        proto = adopted_protocol(found, hello, self.agent.registry.keys(), self.options)
+        if proto is None:
             return None
-        origin = m.Hello(seq=0, protocol=m.PROTOCOL, capabilities=proto.capabilities, tools=tools)
-        actor = SessionActor(self, proto, origin, principal, peer, restored=state)
+        origin = m.Hello(
+            seq=0, protocol=m.PROTOCOL, capabilities=proto.capabilities, tools=proto.app_tools
+        )
+        actor = SessionActor(self, proto, origin, principal, peer, adopted=found)
         self._add(actor)
         log.info(
             "session %s adopted (%s)",
@@ -423,9 +400,7 @@ class Hub:
         )
         await self.nursery.start(actor.run)
         actor.resume(hello)
-        if found.crashed or hello.open or state.open_turn is not None:
-            actor.settle_lost_turn(hello)
-        actor.go_on()
+        actor.take_over(hello)
         return actor
 
     async def drain(self, drain_timeout: float) -> None:
@@ -439,9 +414,8 @@ class Hub:
             self.node.draining = True
         self._emptied = trio.Event()
         for actor in list(self.sessions.values()):
-            actor.move_at_boundary = True
-            if actor.idle:
-                self.nursery.start_soon(actor.hand_over)
+            if actor.keeper is not None:
+                actor.keeper.move()  # now if between turns, else at the end of its turn
         if self.sessions:
             with trio.move_on_after(drain_timeout):
                 await self._emptied.wait()
@@ -450,9 +424,9 @@ class Hub:
             with trio.move_on_after(5.0):
                 while self.sessions:
                     for actor in list(self.sessions.values()):
-                        if actor.idle:
-                            self.nursery.start_soon(actor.hand_over)
-                        elif actor.session is not None:
+                        if actor.keeper is not None:
+                            actor.keeper.move()  # (a retry, if the store failed before)
+                        if actor.session is not None:
                             actor.session.interrupt()  # (a turn that started meanwhile too)
                     with trio.move_on_after(0.25):
                         await self._emptied.wait()

@@ -1,9 +1,10 @@
-"""One connection carrying a session: its writer, its reader, the inbound rate limit.
+"""One connection carrying a session: its writer and its reader.
 
 A session outlives its connections; while one carries it, that connection is a
 :class:`Link`. The actor hands it frames in protocol order (:meth:`Link.send`), and one
 writer task sends them, so they leave in that order. The reader (the task that accepted the
-connection) takes each frame through the session's :class:`RateLimit`, then to the actor.
+connection) takes each frame past the session's rate limit
+(:class:`~vrt._server.ratelimit.RateLimit`), then to the actor.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from trio_websocket import ConnectionClosed
 
 from vrt._engine import telemetry
 from vrt._net.pumps import send_frames
-from vrt._wire import messages as m
+from vrt._server.ratelimit import Verdict
 
 if TYPE_CHECKING:
     from vrt._net.accept import GuardedStream
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vrt.server")
 
-RATE_CLOSE_AFTER = 5.0
-"""Seconds a connection may stay over its message rate before its session is closed."""
 FINISH_TIMEOUT = 5.0
 """Seconds a connection the session is done with has to take its last frames and close."""
 
@@ -137,65 +136,18 @@ class Link:
             telemetry.frame(telemetry.INBOUND, frame)
             if not self.current:
                 continue  # replaced or closed: drain until the close handshake ends
-            if not await actor.rate.admit(self):
-                continue  # closed for its rate, or replaced or closed while it waited
+            verdict, wait = actor.rate.check(trio.current_time())
+            if verdict is not Verdict.READ:
+                if verdict is Verdict.CLOSE:
+                    actor.over_rate()
+                    continue
+                if verdict is Verdict.WARN:
+                    actor.rate_limited()
+                await trio.sleep(wait)
+                if not self.current:
+                    continue  # replaced or closed while it waited: the newer reader reads
+                actor.rate.waited(trio.current_time())
             actor.receive(frame)
-
-
-class RateLimit:
-    """A session's inbound rate limit: a token bucket of ``rate`` frames a second, with a
-    second's worth of burst, that outlives the session's connections.
-
-    A frame over it waits for its token, and the reader with it: the peer's frames back up
-    (trio-websocket's queue, then TCP flow control), none is dropped. The first wait of an
-    episode sends ``RATE_LIMITED``; waits that go on for RATE_CLOSE_AFTER seconds close the
-    session (``server``). An episode ends after a second without a wait.
-    """
-
-    __slots__ = ("_limited_at", "_limited_since", "_refill_at", "_tokens", "rate")
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self._tokens = rate
-        self._refill_at = trio.current_time()
-        self._limited_since: float | None = None
-        self._limited_at = 0.0
-
-    async def admit(self, link: Link) -> bool:
-        """Wait for the token of one frame read on ``link``. False if the frame is not to be
-        processed: the session closed, or ``link`` no longer carries it (a newer
-        connection's reader owns the bucket then)."""
-        rate = self.rate
-        now = trio.current_time()
-        self._tokens = min(rate, self._tokens + (now - self._refill_at) * rate)
-        self._refill_at = now
-        if self._tokens < 1:
-            actor = link.actor
-            if self._limited_since is None or now - self._limited_at > 1.0:
-                self._limited_since = now
-                telemetry.refused("rate")
-                actor.proto.error(
-                    m.RATE_LIMITED,
-                    f"over {rate:g} messages a second: they are read more slowly "
-                    "until the rate falls",
-                )
-                actor.flush()
-            elif now - self._limited_since > RATE_CLOSE_AFTER:
-                log.info("session %s closed: over its message rate for too long", actor.log_id)
-                actor.end("server")
-                return False
-            await trio.sleep((1 - self._tokens) / rate)
-            if not link.current:
-                return False
-            self._tokens, self._refill_at = 1.0, trio.current_time()
-            self._limited_at = self._refill_at
-        self._tokens -= 1
-        return True
-
-    def charge(self, messages: int) -> None:
-        """``messages`` more read in the frame just admitted (a batch's others): the
-        frames after it wait for their tokens, as if each message had come alone."""
-        self._tokens -= messages
 
 
 async def send_and_close(ws: Any, frames: list[str], code: int = 1000) -> None:

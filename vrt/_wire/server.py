@@ -2,9 +2,12 @@
 
 :meth:`ServerProtocol.receive` takes one frame and returns the messages the session must
 act on; every protocol error (bad JSON, unknown type, schema, oversize, input before hello)
-is answered here, in :attr:`outbox`, and never reaches the session. Errors that need the
-engine's state (unknown call, stale epoch, duplicate result) are the actor's to send, with
-:meth:`Endpoint.error`.
+is answered here, in :attr:`outbox`, and never reaches the session.
+
+It also keeps the books of the app calls it sends (:meth:`ServerProtocol.send_call`): which
+``tool.result`` is awaited, in which epoch, and what became of the others, so that a late,
+stale, duplicate or unknown result gets its error here (:meth:`ServerProtocol.take_result`)
+and the session only ever sees the one result of an awaited call.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
+from vrt._core.bounded import RecentSet
+from vrt._core.events import TERMINAL_PHASES
 from vrt._core.schema import check_parameters
 from vrt._core.tables import SESSION
 from vrt._errors import DefinitionError
@@ -22,6 +27,9 @@ from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES, Endpoint
 MAX_MESSAGE_SIZE = 1 << 20
 MAX_APP_TOOLS = 128
 """App tools one hello may declare (checking each schema costs ~0.25 ms of the loop)."""
+REMEMBERED_CALLS = 1000
+"""App calls whose fate the books keep (answered, sent, lost), newest first: enough for the
+error a late ``tool.result`` gets; a session that runs for days does not grow by each call."""
 
 
 class ServerProtocol(Endpoint):
@@ -57,6 +65,12 @@ class ServerProtocol(Endpoint):
         self.closed_reason: str | None = None
         """Why the session closed (the ``closed`` reason), once it has."""
         self.app_tools: tuple[m.ToolDecl, ...] = ()
+        # The books of app calls (see take_result).
+        self._awaited: dict[str, int] = {}
+        """App calls sent whose ``tool.result`` is awaited, with their epoch."""
+        self._sent: RecentSet[str] = RecentSet(REMEMBERED_CALLS)
+        self._answered: RecentSet[str] = RecentSet(REMEMBERED_CALLS)
+        self._lost: RecentSet[str] = RecentSet(REMEMBERED_CALLS)
 
     @property
     def state(self) -> str:
@@ -256,6 +270,84 @@ class ServerProtocol(Endpoint):
         )
         self.outbox.extend(frame for seq, frame in self.replay if seq > last_seq)
         self.ack_state_reset()
+
+    # -- the books of app calls ------------------------------------------------------------------
+
+    def send_call(
+        self, call_id: str, turn_id: str, epoch: int, name: str, arguments: dict[str, Any]
+    ) -> None:
+        """Send an app call's ``tool.call`` and await its ``tool.result``
+        (:class:`~vrt._wire.endpoint.FrameTooLarge` if its frame is over the client's
+        limit: then nothing is sent nor awaited)."""
+        self.send(
+            m.ToolCallMessage,
+            call_id=call_id,
+            turn_id=turn_id,
+            epoch=epoch,
+            name=name,
+            arguments=arguments,
+        )
+        self._awaited[call_id] = epoch
+        self._sent.add(call_id)
+
+    def end_call(self, call_id: str) -> None:
+        """An app call ended on the server without the app's result (interrupted, timed
+        out): if its result was awaited, ``tool.abort`` tells the app why its tool stops,
+        after the call's terminal phase; a result that comes later is refused."""
+        if self._awaited.pop(call_id, None) is not None:
+            self.send(m.ToolAbort, call_id=call_id)
+
+    def lose_call(self, call_id: str) -> None:
+        """A call that ended with a process that died (``handover-v1``): what the client
+        sends for it later (its result, its confirmation) is dropped quietly."""
+        self._lost.add(call_id)
+
+    def lost(self, call_id: str) -> bool:
+        """Whether ``call_id`` ended with a process that died (see :meth:`lose_call`)."""
+        return call_id in self._lost
+
+    def take_result(self, result: m.ToolResultMessage, epoch: int) -> bool:
+        """Whether ``result`` is the one awaited for its call (then it is no longer
+        awaited: the call has its result). Otherwise its error is queued (nothing for a
+        call lost with a dead process): ``DUPLICATE_RESULT`` for a call answered already,
+        ``STALE_EPOCH`` for one sent in another epoch or interrupted since (the session is
+        in ``epoch``), ``UNKNOWN_CALL`` for any other."""
+        call_id = result.call_id
+        awaited = self._awaited.get(call_id)
+        if awaited is not None and awaited == result.epoch:
+            del self._awaited[call_id]
+            self._answered.add(call_id)
+            return True
+        if awaited is not None:
+            code = m.STALE_EPOCH
+            text = f"call {call_id!r} runs in epoch {awaited}, not {result.epoch}"
+        elif call_id in self._lost:
+            return False  # a call of the turn a crashed node ran: already ended, quietly
+        elif call_id in self._answered:
+            code, text = m.DUPLICATE_RESULT, f"call {call_id!r} already has its result"
+        elif call_id in self._sent and result.epoch < epoch:
+            code, text = m.STALE_EPOCH, f"call {call_id!r} was interrupted (epoch {epoch})"
+        else:
+            code, text = m.UNKNOWN_CALL, f"no open app call {call_id!r}"
+        self.error(code, text, result.seq)
+        return False
+
+    def ended_since(self, last_seq: int) -> tuple[set[str], set[str]]:
+        """The calls (a terminal ``tool.stream``) and turns (``turn.ended``) that the
+        messages of the replay buffer numbered above ``last_seq`` end: what a client that
+        processed up to ``last_seq`` learns from the replay."""
+        calls: set[str] = set()
+        turns: set[str] = set()
+        for seq, frame in self.replay:
+            if seq <= last_seq:
+                continue
+            message = codec.parse(frame)  # our own frames: valid JSON objects
+            kind = message.get("type")
+            if kind == m.TurnEndedMessage.TYPE:
+                turns.add(message["turnId"])
+            elif kind == m.ToolStreamMessage.TYPE and message.get("phase") in TERMINAL_PHASES:
+                calls.add(message["callId"])
+        return calls, turns
 
     def _hello(self, hello: m.Hello) -> list[Any]:
         problem = self._refusal(hello)

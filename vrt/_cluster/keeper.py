@@ -1,0 +1,312 @@
+"""One session's keeper: its saves at turn boundaries, its handover, its adoption.
+
+A server with a store gives each session a :class:`Keeper`. The session's actor tells it of
+each turn boundary (:meth:`Keeper.boundary`); the keeper's saver task writes the newest
+boundary's state to the store, in order, and only what the store lacks of the history. Asked
+to move (a drain, or the session's client resumed at another node), the keeper hands the
+session over at its next boundary (:meth:`Keeper.move`, :meth:`Keeper.hand_over`): a last
+save, owned by nobody, then the actor lets the session go (its client reconnects with
+1012). Where the session may go next is the Movement machine's (``machines/movement.py``),
+which the actor and the keeper drive through its compiled table; the keeper reaches its
+session only through the narrow :class:`Host` interface, so this room never imports the
+server.
+
+:func:`adopted_protocol` is the other half: the protocol state of a session a node takes
+over from the store, resumed by its client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from vrt._cluster.node import Adopt
+from vrt._cluster.record import State, TooLarge, encode_item, encode_state, limit_bytes
+from vrt._cluster.store import StoreError
+from vrt._engine.history import Snapshot
+from vrt._wire import codec
+from vrt._wire import messages as m
+from vrt._wire.server import ServerProtocol
+
+if TYPE_CHECKING:
+    from vrt._cluster.node import Node
+    from vrt._core.tables import Machine, StrictMachine
+    from vrt._net.options import Options
+
+log = logging.getLogger("vrt.server")
+
+HELD_FRAMES = 1000
+"""Frames held while a handover's last save is under way (a rate-limited client sends at
+most about a hundred a second; a save takes milliseconds)."""
+FORGET_TIMEOUT = 2.0
+"""Seconds a closed session's record has to be deleted (it expires anyway)."""
+
+
+class Host(Protocol):
+    """What a keeper needs of the session it keeps (the server's session actor)."""
+
+    @property
+    def session_id(self) -> str:
+        """The session's id (its record's key, and what logs show)."""
+
+    @property
+    def in_session(self) -> bool:
+        """Whether the session is live: open or detached (the Session machine's)."""
+
+    def state(self, open_turn: str | None) -> State:
+        """The session as it is now, its history apart (at a turn boundary)."""
+
+    def history(self) -> tuple[int, Snapshot[Any]]:
+        """The number of the history's first item, and an O(1) snapshot of the items."""
+
+    def saved(self, received: int) -> None:
+        """What the client sent up to seq ``received`` is in the store: it may be acked."""
+
+    def let_go(self) -> None:
+        """End the session here without ``closed``: it goes on at another node (1012)."""
+
+    def stay(self, held: list[str | bytes]) -> None:
+        """The handover failed: the session goes on here; read the frames held meanwhile."""
+
+
+class Keeper:
+    """Saves one session at its turn boundaries, hands it over, and lets it go."""
+
+    def __init__(
+        self,
+        node: Node,
+        host: Host,
+        movement: Machine | StrictMachine,
+        options: Options,
+        *,
+        restored: State | None = None,
+    ) -> None:
+        self.node = node
+        self.host = host
+        self.movement = movement
+        """The session's Movement machine (its actor drives the turn events)."""
+        self._limit = limit_bytes(options.replay_limit_bytes)
+        self._stored = 0
+        """The number of the history item after the last one the store holds."""
+        if restored is not None:
+            self._stored = restored.history_offset + len(restored.history)
+        self._unsaved: _Unsaved | None = None
+        """The newest boundary's save, not yet written (older ones are superseded)."""
+        self._wanted = trio.Event()
+        self._lock = trio.Lock()
+        """Saves, and a handover's last one, are written one at a time, in order."""
+        self._held: list[str | bytes] = []
+        self._nursery: trio.Nursery | None = None
+
+    # -- the actor's side -----------------------------------------------------------------------
+
+    @property
+    def holding(self) -> bool:
+        """Whether the client's frames are held unread (a handover's last save is under
+        way: the saved state does not count them, so the client sends them again to the
+        next process). :meth:`hold` takes them."""
+        return self.movement.state == "handing_over"
+
+    def hold(self, frame: str | bytes) -> None:
+        """Keep a frame read while handing over (read if the handover fails)."""
+        if len(self._held) < HELD_FRAMES:
+            self._held.append(frame)
+
+    def boundary(self, open_turn: str | None) -> None:
+        """A turn started (``open_turn``) or ended (None): save the session as it is now,
+        by the saver task (the newest boundary only, when several wait)."""
+        if not self.host.in_session or not self.movement.can("save"):
+            return
+        unsaved = self._snapshot(open_turn)
+        if unsaved is not None:
+            self._unsaved = unsaved
+            self._wanted.set()
+
+    def move(self) -> None:
+        """Move the session to another node (a drain, or its client's resume reached
+        another node): now if it is between turns, else at the end of its turn (Movement
+        ``moving``: its actor's ``rest`` starts the handover then)."""
+        if self.movement.can("move"):
+            self.movement.send("move")
+        elif self.movement.can("hand_over") and self._nursery is not None:
+            self._nursery.start_soon(self.hand_over)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The keeper's task, in the session's nursery until the session ends there: the
+        saver, which writes each boundary's state to the store, and a handover asked for
+        between turns (:meth:`move`)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._saver()
+
+    async def _saver(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            async with self._lock:
+                unsaved, self._unsaved = self._unsaved, None
+                if unsaved is None or not self.movement.can("save"):
+                    continue
+                self.movement.send("save")
+                try:
+                    kept = await self._write(unsaved, self.node.name)
+                except StoreError as exc:
+                    log.warning("session %s: not saved: %s", self.host.session_id, exc)
+                    continue
+            if not kept:
+                self._taken()
+                continue
+            self.host.saved(unsaved.received)
+
+    async def hand_over(self) -> bool:
+        """Hand the session over now, if it is between turns (Movement ``hand_over``):
+        see :meth:`leave`. False if it is not (in a turn, closed, moving or handed over
+        already), or the handover failed: the session goes on here."""
+        if not (self.host.in_session and self.movement.can("hand_over")):
+            return False
+        self.movement.send("hand_over")
+        return await self.leave()
+
+    async def leave(self) -> bool:
+        """The session is ``handing_over`` (:meth:`hand_over`, or its actor's ``rest``
+        at the end of a turn while ``moving``): save it for another node and let it go
+        here: its connection is closed with 1012 (the client resumes elsewhere), no
+        ``closed``. False if the store failed: the session stays here (``stay``), and
+        reads the frames it held meanwhile."""
+        self._held = []
+        async with self._lock:  # after a save being written, if one is
+            if self.movement.state != "handing_over":
+                return False  # taken by that save, or closed meanwhile: nothing to write
+            unsaved = self._snapshot(None)
+            kept: bool | None = None
+            if unsaved is not None:
+                self._unsaved = None
+                try:
+                    kept = await self._write(unsaved, "")
+                except StoreError as exc:
+                    log.warning("session %s: cannot hand over: %s", self.host.session_id, exc)
+            held, self._held = self._held, []
+        if self.movement.state != "handing_over":
+            return False  # closed meanwhile (the server stops): nothing to let go
+        if kept is None:  # the session stays: read what came meanwhile
+            self.movement.send("stay")
+            self.host.stay(held)
+            return False
+        if not kept:
+            self._taken()
+            return True
+        self.movement.send("let_go")
+        self.host.let_go()
+        return True
+
+    async def forget(self, *, delete: bool) -> None:
+        """The session left this node; with ``delete`` (closed for good) its record goes
+        too (bounded, shielded: it expires anyway)."""
+        self.node.forget(self.host.session_id)
+        if not delete:
+            return
+        with trio.move_on_after(FORGET_TIMEOUT) as scope:
+            scope.shield = True
+            try:
+                await self.node.store.delete(self.host.session_id, self.node.name)
+            except StoreError as exc:
+                log.info(
+                    "session %s: record not deleted (%s): it expires", self.host.session_id, exc
+                )
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _taken(self) -> None:
+        """Another node adopted this session (this one's lease ran out, the store said so
+        at a save): let it go, and send the client there (1012)."""
+        if not (self.movement.can("taken") and self.host.in_session):
+            return
+        log.warning("session %s: another node took it over: let go here", self.host.session_id)
+        self.movement.send("taken")
+        self.host.let_go()
+
+    def _snapshot(self, open_turn: str | None) -> _Unsaved | None:
+        """The session at this boundary, to be written: its state now, and its history as
+        it is now (the items are encoded when written, only those the store lacks)."""
+        state = self.host.state(open_turn)
+        try:
+            data = encode_state(state, self._limit)
+        except TooLarge as exc:
+            log.warning("session %s: not saved (%s): it cannot move", self.host.session_id, exc)
+            return None
+        offset, history = self.host.history()
+        return _Unsaved(data, state.received_seq, offset, history)
+
+    async def _write(self, unsaved: _Unsaved, owner: str) -> bool:
+        """Write ``unsaved`` (under the lock): its state, and of its history what the
+        store lacks (the front it dropped since, the items it added). False if another
+        node owns the session now; :class:`StoreError` if the store failed (then the next
+        save writes what this one would have: the store skips the items it has, so a
+        save that timed out but was written does no harm)."""
+        offset, history = unsaved.history_offset, unsaved.history
+        first = max(self._stored, offset)
+        kept = await self.node.store.save(
+            self.host.session_id,
+            self.node.name,
+            owner,
+            unsaved.state,
+            self.node.record_ttl,
+            front=offset,
+            first=first,
+            items=[encode_item(item) for item in history[first - offset :]],
+        )
+        if kept:
+            self._stored = offset + len(history)
+        return kept
+
+
+class _Unsaved:
+    """A boundary's save, not yet written: the state's bytes, the client seq they hold,
+    and the history then (its first item's number, and an O(1) snapshot of the items)."""
+
+    __slots__ = ("history", "history_offset", "received", "state")
+
+    def __init__(
+        self, state: bytes, received: int, history_offset: int, history: Snapshot[Any]
+    ) -> None:
+        self.state = state
+        self.received = received
+        self.history_offset = history_offset
+        self.history = history
+
+
+def adopted_protocol(
+    found: Adopt, hello: m.Hello, server_tools: Any, options: Options
+) -> ServerProtocol | None:
+    """The protocol state of the session ``found`` in the store, for its client's resume
+    ``hello`` (detached until the actor resumes it); None if the client's lastSeq does not
+    fit what was saved."""
+    assert hello.resume is not None
+    state = found.state
+    proto = ServerProtocol(
+        session_id=state.session_id,
+        resume_token=found.token,
+        server_tools=server_tools,
+        capabilities=options.capabilities,
+        max_message_size=options.max_message_size,
+        replay_limit=options.replay_limit,
+        replay_limit_bytes=options.replay_limit_bytes,
+    )
+    proto.max_frame = options.max_message_size
+    # After a crash the client may have seen messages past the save: number above them.
+    sent = max(state.sent_seq, hello.resume.last_seq) if found.crashed else state.sent_seq
+    proto.adopt(
+        capabilities=state.capabilities,
+        tools=tuple(codec.from_plain(t, m.ToolDecl) for t in state.tools),
+        sent_seq=sent,
+        received_seq=state.received_seq,
+        acked_by_peer=state.acked_by_peer,
+        replay=state.replay,
+    )
+    if not proto.can_resume(hello.resume.last_seq):
+        log.info("session %s: the client's lastSeq does not fit its saved state", state.session_id)
+        return None
+    return proto
