@@ -7,8 +7,10 @@ import re
 from collections.abc import Iterator
 
 import pytest
+import statemachine
 
 import machines
+from machines.base import VrtChart
 from vrt import check
 from vrt._cli import main as vrt_main
 from vrt._core.tables import TABLES, TOOL_CALL, Table
@@ -323,6 +325,71 @@ def test_the_interrupt_the_dead_process_acked_is_lost_with_it() -> None:
     )
 
 
+def _movement(*, mid_turn: bool = False, save_idle: bool = True) -> Table:
+    """The table of a copy of machines/movement.py's class, changed: ``mid_turn`` lets a
+    busy session be handed over; ``save_idle=False`` writes no save between turns."""
+
+    class Movement(VrtChart):
+        new = statemachine.State(initial=True)
+        adopted = statemachine.State()
+        recovering = statemachine.State()
+        idle = statemachine.State()
+        busy = statemachine.State()
+        moving = statemachine.State()
+        handing_over = statemachine.State()
+        handed_over = statemachine.State(final=True)
+        closed = statemachine.State(final=True)
+
+        open = new.to(idle)
+        adopt = new.to(adopted)
+        adopt_lost = new.to(recovering)
+        resume = adopted.to(idle) | recovering.to(idle)
+        start = idle.to(busy)
+        rest = busy.to(idle) | moving.to(handing_over)
+        save = busy.to.itself() | moving.to.itself()
+        if save_idle:
+            save |= idle.to.itself()
+        move = busy.to(moving)
+        hand_over = idle.to(handing_over)
+        if mid_turn:
+            hand_over |= busy.to(handing_over)
+        let_go = handing_over.to(handed_over)
+        stay = handing_over.to(idle)
+        taken = (
+            idle.to(handed_over)
+            | busy.to(handed_over)
+            | moving.to(handed_over)
+            | handing_over.to(handed_over)
+        )
+        close = (
+            new.to(closed)
+            | adopted.to(closed)
+            | recovering.to(closed)
+            | idle.to(closed)
+            | busy.to(closed)
+            | moving.to(closed)
+            | handing_over.to(closed)
+        )
+
+    return Table(Movement)
+
+
+def test_the_model_composes_the_movement_class() -> None:
+    """``vrt check`` moves sessions with the Movement class itself: its copy gives the
+    same model, and a change to the class changes the model. One that lets a session move
+    mid-turn is caught (its turn is stuck, as the broken rule ``handover-mid-turn``
+    shows); one that writes no save between turns gives another model (no save after the
+    turn's end), which still breaks no rule: after a crash the adopting process settles
+    the turn from its start's save, and the client drops the second ``turn.ended``."""
+    same = check.explore(calls=1, movement=_movement())
+    assert not same.violations and same.states == check.explore(calls=1).states
+    loose = check.explore(calls=2, crashes=0, movement=_movement(mid_turn=True))
+    assert {v.invariant for v in loose.violations} == {"stuck", "one-result"}
+    assert loose.violations[0].trace[0].startswith("server: hands the session over")
+    unsaved = check.explore(calls=1, movement=_movement(save_idle=False))
+    assert unsaved.transitions < same.transitions and not unsaved.violations
+
+
 def test_a_handover_mid_turn_leaves_the_turn_stuck() -> None:
     report = check.explore(calls=2, broken="handover-mid-turn", crashes=0)
     assert {v.invariant for v in report.violations} == {"stuck", "one-result"}
@@ -385,7 +452,7 @@ def test_the_phases_option_adds_deltas_and_progress() -> None:
 def test_vrt_check_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert vrt_main(["check", "--calls", "2"]) == 0
     out = capsys.readouterr().out
-    assert "machines: 6, 204 (state, event) pairs: every table equals its class" in out
+    assert "machines: 7, 321 (state, event) pairs: every table equals its class" in out
     assert "model: calls=2 interrupts=1 drops=1 handovers=1 crashes=1\n" in out
     assert re.search(r"\n  states \d+ \(\d+ during a handover, \d+ after a crash\)\n", out)
     for figure in ("states ", "transitions ", "seconds ", "violations 0"):

@@ -9,7 +9,12 @@ final states accept nothing.
 breadth first over every interleaving with a visited set. Its transition relation is the
 real machine classes through their compiled tables (ToolCall per call, Turn and Session on
 the server; Connection, a CallView per call and an AppCall per app call on the client) and
-a small model of the engine's and the network's rules around them (``vrt/check/_*.py``):
+a small model of the engine's and the network's rules around them (``vrt/check/_*.py``).
+Where the session runs, and whether it may be saved or moved, is the Movement machine's
+(``machines/movement.py``), composed the same way: the model moves it as the session's actor
+and keeper do (``start`` and ``rest`` around the turn, ``save``, ``hand_over`` and
+``let_go``, ``adopt`` or ``adopt_lost`` and ``resume`` at the process that takes it over,
+``close``), so a change to the class changes the model (``explore(movement=...)``):
 
 - *The model's stream*: in ``generating`` the model may begin the next call (an app or a
   server tool), complete a call's arguments, or end the step: calls not complete are
@@ -49,9 +54,9 @@ a small model of the engine's and the network's rules around them (``vrt/check/_
   the server has received). The server acks no client message beyond what it has saved,
   so the client still holds every message above the saved received seq.
 - *A planned handover* (``handovers`` of them: a drain, or the session moving to the process
-  its client's resume reached) only at a boundary with no turn open, i.e. once the turn
-  has ended: the server saves the session exactly, Session ``hand_over``, and closes the
-  connection with 1012, no ``closed``; the client takes 1012 as a lost connection
+  its client's resume reached) when the Movement machine allows it, i.e. between turns,
+  once the turn has ended: the server saves the session exactly, Session ``hand_over``,
+  and closes the connection with 1012, no ``closed``; the client takes 1012 as a lost connection
   (Connection ``lost``) and resumes at once; the process it reaches restores the saved
   state (the new Session ``adopt``, then ``resume``): welcome resumed, both sides replay as
   after any drop. The two processes' Session machines share one field: the old one's final
@@ -163,7 +168,7 @@ from typing import TextIO
 
 import attrs
 
-from vrt._core.tables import TABLES
+from vrt._core.tables import MOVEMENT, TABLES, Table
 from vrt.check._machines import check_machines, count_pairs
 from vrt.check._model import Model
 from vrt.check._search import search, shorten
@@ -245,6 +250,7 @@ def explore(
     broken: str | None = None,
     reduce: bool = True,
     stop_at_first: bool = False,
+    movement: Table = MOVEMENT,
 ) -> Report:
     """Explore the composed model breadth first over every interleaving within the bounds.
 
@@ -253,7 +259,9 @@ def explore(
     boundary), ``crashes`` server process crashes. ``phases`` adds one ``arguments-delta``
     and one ``progress`` per call. ``broken`` breaks one rule of :data:`BREAKABLE` on
     purpose. ``reduce=False`` explores without the reduction (slow: for tests that compare
-    both). ``stop_at_first`` stops at the first violation.
+    both). ``stop_at_first`` stops at the first violation. ``movement`` is the Movement
+    machine composed (the table of ``machines/movement.py`` by default; a table of another
+    class to see what the model makes of it).
     """
     started = time.perf_counter()
     states = transitions = handed = crashed = 0
@@ -269,6 +277,7 @@ def explore(
             crashes=crashes,
             phases=phases,
             broken=broken,
+            movement=movement,
         )
         outcome = search(model, reduce=reduce, stop_at_first=stop_at_first)
         states, transitions = states + outcome.states, transitions + outcome.transitions

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import functools
 
-from vrt._core.tables import CONNECTION, SESSION, TURN
+from vrt._core.tables import CONNECTION, MOVEMENT, SESSION, TURN, Table
 from vrt.check._client import ClientRules
 from vrt.check._server import ServerRules
 from vrt.check._state import (
     BREAKABLE,
     C_RESULTS,
     CLIENT,
-    CRASHED,
     ENV,
-    F_ADOPTED,
     F_C2S,
     F_CALLS,
     F_CEPOCH,
@@ -34,6 +32,7 @@ from vrt.check._state import (
     F_FIRST,
     F_HANDOVERS,
     F_LAST_BEGUN,
+    F_MOVEMENT,
     F_QUEUE,
     F_RUNNING,
     F_S2C,
@@ -47,7 +46,6 @@ from vrt.check._state import (
     F_TURN_SEEN,
     F_USER_INTERRUPTS,
     LIVE,
-    RUNNING,
     SERVER,
     SHOWN_NOTHING,
     SHOWN_OPEN,
@@ -78,6 +76,7 @@ class Model(ServerRules, ClientRules):
         crashes: int = 1,
         phases: bool = False,
         broken: str | None = None,
+        movement: Table = MOVEMENT,
     ) -> None:
         if min(calls, user_interrupts, server_interrupts, drops, handovers, crashes) < 0:
             raise ValueError("bounds must not be negative")
@@ -87,6 +86,7 @@ class Model(ServerRules, ClientRules):
         self.handovers, self.crashes = handovers, crashes
         self.user_interrupts, self.server_interrupts = user_interrupts, server_interrupts
         self.broken = broken
+        self.movement = movement if broken != "handover-mid-turn" else _mid_turn(movement)
         self.late_dispatch = broken == "late-dispatch"
         self.run_after_cancel = broken == "run-after-cancel"
         self.overtake = broken == "overtake"
@@ -97,11 +97,14 @@ class Model(ServerRules, ClientRules):
         the client); session and connection are open."""
         session = must(SESSION, SESSION.initial, "accept", "hello")
         connection = must(CONNECTION, CONNECTION.initial, "welcome", "welcome")
+        movement = self.movement.initial
+        for event in ("open", "start"):  # opened here, its turn started
+            movement = must(self.movement, movement, event, "the session's first turn")
         blank = (None, False, None, SHOWN_NOTHING)
         return (
             TURN.initial, 0, TURN_EPOCH, session, (), (), (), False,
             connection, TURN_EPOCH, (blank,) * self.calls, (), (), -1, 0, 0, 0,
-            START_SAVED if self.crashes else LIVE, 0, (), RUNNING, 0, 0, 0,
+            START_SAVED if self.crashes else LIVE, 0, (), movement, 0, 0, 0,
         )  # fmt: skip
 
     def _actions(self) -> list[Action]:
@@ -163,7 +166,7 @@ class Model(ServerRules, ClientRules):
         return out
 
     def _resume_label(self, s: State) -> str:
-        if s[F_ADOPTED] != CRASHED:
+        if s[F_MOVEMENT] != "recovering":
             return "server: the client resumes the session (replay)"
         cancel, end_turn = self.lost_work(s)
         if cancel or end_turn:
@@ -184,7 +187,7 @@ class Model(ServerRules, ClientRules):
         (drop unspent) can do all it can and more, so it stands for it. The same holds
         for a handover once the saved state is the live one (LIVE, the only case without
         a broken rule): the process that resumed the session is where the old one was."""
-        if s[F_CONN] != "open" or s[F_SESSION] != "open" or s[F_ADOPTED] != RUNNING:
+        if s[F_CONN] != "open" or s[F_SESSION] != "open" or not self._alive(s):
             return s
         handed = s[F_HANDOVERS] and s[F_SAVED] == LIVE
         if not s[F_DROPS] and not handed:
@@ -230,7 +233,7 @@ class Model(ServerRules, ClientRules):
             w[F_SAVED], w[F_SAVED_S2C], w[F_SINCE] = LIVE, 0, ()
             return tuple(w)
         w = list(s)
-        w[F_SAVED], w[F_SAVED_S2C], w[F_SINCE], w[F_ADOPTED] = LIVE, 0, (), RUNNING
+        w[F_SAVED], w[F_SAVED_S2C], w[F_SINCE] = LIVE, 0, ()
         w[F_HANDOVERS], w[F_CRASHES] = 0, 0
         w[F_TURN], w[F_FIRST], w[F_SEPOCH], w[F_CALLS] = "", 0, 0, ()
         w[F_C2S], w[F_DEAD], w[F_SERVER_INTERRUPTS] = (), False, 0
@@ -277,3 +280,11 @@ class Model(ServerRules, ClientRules):
     def marks(self, s: State) -> tuple[bool, bool]:
         """Whether ``s`` comes after a handover, and after a crash (for the figures)."""
         return bool(s[F_HANDOVERS]), bool(s[F_CRASHES])
+
+
+def _mid_turn(movement: Table) -> Table:
+    """``movement`` as a machine that would let a session move in the middle of a turn
+    (``hand_over`` from ``busy``): the broken rule ``handover-mid-turn``."""
+    broken = Table(movement.chart)
+    broken.transitions[("busy", "hand_over")] = "handing_over"
+    return broken

@@ -1,7 +1,10 @@
-"""``vrt check``: the server's side of the composed model (vrt/_engine/turn.py, vrt/_engine/call.py,
-vrt/_server/serve.py): the model's stream, each call's task, interrupts, the session's life, and
-``handover-v1``: the saves at turn boundaries, the planned handover, the crash and the
-settling of the lost turn by the process that adopts the session."""
+"""``vrt check``: the server's side of the composed model (vrt/_engine/turn.py,
+vrt/_engine/call.py, vrt/_server/actor.py, vrt/_cluster/keeper.py): the model's stream, each
+call's task, interrupts, the session's life, and ``handover-v1``: the saves at turn
+boundaries, the planned handover, the crash and the settling of the lost turn by the process
+that adopts the session. Where the session runs, and whether it may be saved or moved, is the
+Movement machine's, composed through its table (:attr:`Rules.movement`) as the keeper and
+the actor drive it."""
 
 from __future__ import annotations
 
@@ -15,10 +18,8 @@ from vrt.check._state import (
     C_STREAMED,
     C_TASK,
     C_TC,
-    CRASHED,
     DELTA_SENT,
     EXEC,
-    F_ADOPTED,
     F_C2S,
     F_CALLS,
     F_CLIENT,
@@ -27,6 +28,7 @@ from vrt.check._state import (
     F_DEAD,
     F_FIRST,
     F_HANDOVERS,
+    F_MOVEMENT,
     F_S2C,
     F_SAVED,
     F_SAVED_S2C,
@@ -40,10 +42,8 @@ from vrt.check._state import (
     LIVE,
     LIVE_TURN,
     NONE,
-    ORPHANED,
     PENDING,
     PROGRESS_SENT,
-    RUNNING,
     UNWIND,
     WAIT,
     Broken,
@@ -64,9 +64,19 @@ class ServerRules(Rules):
 
     def _alive(self, s: State) -> bool:
         """Whether the server's turn still acts: its session is not closed (then it is
-        frozen), and its process is not one that adopted it after a crash and waits for the
-        client (it restores no task: it settles the lost turn at the resume)."""
-        return bool(s[F_SESSION] != "closed" and s[F_ADOPTED] == RUNNING)
+        frozen), and its process owns it with the turn's tasks (Movement ``busy`` in a
+        turn, ``idle`` once it ended): not one that adopted it and waits for its client
+        (it restores no task; after a crash it settles the lost turn at the resume), nor
+        one that took it over mid-turn from a machine that let it move then (``idle`` with
+        the turn open: the turn's tasks died with the old process)."""
+        movement = s[F_MOVEMENT]
+        return s[F_SESSION] != "closed" and (
+            movement == "busy" or (movement == "idle" and s[F_TURN] in TURN.finals)
+        )
+
+    def _rest(self, w: list[Any]) -> None:
+        """The turn has ended: the actor's turn task is done (Movement ``rest``)."""
+        w[F_MOVEMENT] = must(self.movement, w[F_MOVEMENT], "rest", "its turn ended")
 
     def start_call(self, i: int, kind: str, s: State) -> State | None:
         """The model begins call ``i`` (CallStart): ToolCall created, phase ``start``."""
@@ -115,6 +125,7 @@ class ServerRules(Rules):
         if len(calls) == s[F_FIRST]:
             w[F_TURN] = turn_ends(s[F_TURN], "finish", calls)
             s2c.append(("ended", s[F_SEPOCH], "finished"))
+            self._rest(w)
         else:
             w[F_TURN] = must(TURN, s[F_TURN], "step_done", "the step's stream ended")
         w[F_CALLS], w[F_S2C] = tuple(calls), tuple(s2c)
@@ -138,6 +149,7 @@ class ServerRules(Rules):
         w = list(s)
         w[F_TURN] = turn_ends(s[F_TURN], "finish", s[F_CALLS])
         w[F_S2C] = (*s[F_S2C], ("ended", s[F_SEPOCH], "finished"))
+        self._rest(w)
         return tuple(w)
 
     def _task(self, i: int, task: str, s: State) -> tuple[Any, ...] | None:
@@ -291,6 +303,7 @@ class ServerRules(Rules):
         w = list(s)
         w[F_TURN] = turn_ends(s[F_TURN], "unwound", s[F_CALLS])
         w[F_S2C] = (*s[F_S2C], ("ended", s[F_SEPOCH], "interrupted"))
+        self._rest(w)
         return tuple(w)
 
     def close(self, s: State) -> State | None:
@@ -300,6 +313,7 @@ class ServerRules(Rules):
             return None
         w = list(s)
         w[F_SESSION] = target
+        w[F_MOVEMENT] = must(self.movement, s[F_MOVEMENT], "close", "the session closed")
         if s[F_SESSION] == "open":
             w[F_S2C] = (*s[F_S2C], ("closed",))
         return tuple(w)
@@ -311,6 +325,7 @@ class ServerRules(Rules):
             return None
         w = list(s)
         w[F_SESSION] = target
+        w[F_MOVEMENT] = must(self.movement, s[F_MOVEMENT], "close", "the session expired")
         return tuple(w)
 
     def server_receives(self, s: State) -> State | None:
@@ -359,9 +374,10 @@ class ServerRules(Rules):
         w[F_DEAD] = False
         w[F_SESSION] = must(SESSION, s[F_SESSION], "resume", "a valid resume")
         w[F_CONN] = must(CONNECTION, s[F_CONN], "resumed", "welcome (resumed)")
-        if s[F_ADOPTED] == CRASHED:
-            self._settle_lost_turn(w)
-            w[F_ADOPTED] = RUNNING
+        if s[F_MOVEMENT] in ("adopted", "recovering"):  # the process that took it over
+            w[F_MOVEMENT] = must(self.movement, s[F_MOVEMENT], "resume", "its client resumed")
+            if s[F_MOVEMENT] == "recovering":
+                self._settle_lost_turn(w)
         return tuple(w)
 
     # -- handover-v1: saves, handovers, crashes -------------------------------------------------
@@ -392,35 +408,40 @@ class ServerRules(Rules):
             return None
         if s[F_SAVED] == LIVE or s[F_SAVED][0] in TURN.finals:
             return None  # saved already
+        saving = move(self.movement, s[F_MOVEMENT], "save")
+        if saving is None:
+            return None  # the machine lets no save be written now
         w = list(s)
+        w[F_MOVEMENT] = saving
         self._saved(w)
         return tuple(w)
 
     def hand_over(self, s: State) -> State | None:
         """A planned handover (a drain, or the session moving to the process its client's
-        resume reached), only at a turn boundary with no turn open: the server saves the
-        session exactly, lets it go (Session ``hand_over``) and closes the connection with
-        1012, no ``closed``; the client takes 1012 as a lost connection and resumes at once;
-        the process its resume reaches restores the saved state (Session ``adopt``) and
-        resumes it as any other. (The two processes' Session machines are one field: the
-        old one's final move, then the new one's first.)"""
-        if s[F_HANDOVERS] >= self.handovers or s[F_ADOPTED] != RUNNING:
+        resume reached), when the Movement machine allows it (``hand_over``: between turns
+        only): the server saves the session exactly, lets it go (``let_go``; Session
+        ``hand_over``) and closes the connection with 1012, no ``closed``; the client takes
+        1012 as a lost connection and resumes at once; the process its resume reaches
+        restores the saved state (Session ``adopt``, Movement ``adopt``) and resumes it as
+        any other. (The two processes' Session and Movement machines are one field each:
+        the old one's final move, then the new one's first.)"""
+        if s[F_HANDOVERS] >= self.handovers or not self._alive(s):
             return None
-        if move(SESSION, s[F_SESSION], "hand_over") is None:
+        handing = move(self.movement, s[F_MOVEMENT], "hand_over")
+        if handing is None or move(SESSION, s[F_SESSION], "hand_over") is None:
             return None
-        mid_turn = s[F_TURN] not in TURN.finals
-        if mid_turn and self.broken != "handover-mid-turn":
-            return None
+        must(self.movement, handing, "let_go", "its last save is written")
         w = list(s)
         w[F_SESSION] = must(SESSION, SESSION.initial, "adopt", "restored from the store")
+        w[F_MOVEMENT] = must(self.movement, self.movement.initial, "adopt", "handed over")
         self._saved(w)
         if s[F_CONN] == "open":
             w[F_CONN] = must(CONNECTION, s[F_CONN], "lost", "closed with 1012")
         w[F_DEAD] = True
         w[F_HANDOVERS] += 1
-        if mid_turn:  # the tasks did not move: nobody streams, runs or waits any more
+        if s[F_TURN] not in TURN.finals:  # a machine that let it move mid-turn: the tasks
+            # did not move, nobody streams, runs or waits any more
             w[F_CALLS] = tuple((*r[:C_TASK], NONE, r[C_RESULTS]) for r in s[F_CALLS])
-            w[F_ADOPTED] = ORPHANED
         return tuple(w)
 
     def crash(self, s: State) -> State | None:
@@ -440,6 +461,7 @@ class ServerRules(Rules):
             return None
         w = list(s)
         w[F_SESSION] = must(SESSION, SESSION.initial, "adopt", "restored after a crash")
+        w[F_MOVEMENT] = must(self.movement, self.movement.initial, "adopt_lost", "its node died")
         if s[F_CONN] == "open":
             w[F_CONN] = must(CONNECTION, s[F_CONN], "lost", "the server process died")
         w[F_DEAD] = True
@@ -449,7 +471,6 @@ class ServerRules(Rules):
         w[F_S2C] = s[F_S2C][: s[F_SAVED_S2C]]
         since = () if self.broken == "ack-unsaved" else s[F_SINCE]
         w[F_C2S], w[F_SINCE] = (*since, *s[F_C2S]), ()
-        w[F_ADOPTED] = CRASHED
         w[F_CRASHES] += 1
         return tuple(w)
 

@@ -110,7 +110,8 @@ F_SAVED = 17  # the server's state as last saved, at a turn boundary: START_SAVE
 # (turn, first, epoch, calls) when a broken rule needs the copy
 F_SAVED_S2C = 18  # how many of F_S2C's first messages the saved replay buffer holds
 F_SINCE = 19  # the interrupts the server processed since its last save (the client keeps them)
-F_ADOPTED = 20  # RUNNING, CRASHED (adopted after a crash, settles at resume) or ORPHANED
+F_MOVEMENT = 20  # the Movement machine's state of the process that runs the session (the
+# old process's final move, then the new one's first: like F_SESSION)
 F_TURN_SEEN = 21  # client: how many turn.ended the app saw
 F_HANDOVERS = 22  # bounds spent
 F_CRASHES = 23
@@ -128,11 +129,6 @@ PENDING = "pending"  # tool.call sent, waiting for tool.result (or the timeout)
 LATE = "late"  # cancelled by an interrupt but already woken: sends tool.call (late-dispatch)
 UNWIND = "unwind"  # cancelled with tool.call unanswered: its finally sends tool.abort
 
-# what the server process is (F_ADOPTED)
-RUNNING = 0  # the process that runs the session (the first, or one that resumed it)
-CRASHED = 1  # adopted from the store after a crash: inert until the client's resume settles
-ORPHANED = 2  # adopted from a handover made mid-turn (broken "handover-mid-turn"): the turn's
-# tasks died with the old process
 
 # a client call record
 V_VIEW, V_IGNORED, V_APP, V_SHOWN = range(4)
@@ -243,6 +239,8 @@ class Rules:
     handovers: int
     crashes: int
     broken: str | None
+    movement: Table
+    """The Movement machine the model composes (its class's table, or a variant)."""
     late_dispatch: bool
     overtake: bool
     run_after_cancel: bool
