@@ -11,8 +11,9 @@ which the actor and the keeper drive through its compiled table; the keeper reac
 session only through the narrow :class:`Host` interface, so this room never imports the
 server.
 
-:func:`adopted_protocol` is the other half: the protocol state of a session a node takes
-over from the store, resumed by its client.
+The other half is adoption: :func:`adopted_protocol` is the protocol state of a session a
+node takes over from the store for its client's resume, and :func:`settle_lost_turn` ends
+the turn a crashed node was running when it died.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from vrt._cluster.node import Adopt
 from vrt._cluster.record import State, TooLarge, encode_item, encode_state, limit_bytes
 from vrt._cluster.store import StoreError
 from vrt._engine.history import Snapshot
+from vrt._engine.session import Session
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.server import ServerProtocol
+from vrt.models import TurnInterrupted, UserInput
 
 if TYPE_CHECKING:
     from vrt._cluster.node import Node
@@ -276,6 +279,54 @@ class _Unsaved:
         self.received = received
         self.history_offset = history_offset
         self.history = history
+
+
+def settle_lost_turn(
+    proto: ServerProtocol, session: Session, open_turn: str | None, hello: m.Hello
+) -> None:
+    """Adopted and resumed by ``hello``: end what the client holds open of the turn the
+    node the session came from was running (``open_turn`` as saved, and what ``hello``
+    reports open; ``handover-v1``). Each call the client reports open gets ``cancelled``,
+    the turn ``turn.ended`` ``interrupted`` with the epoch raised, and the history marks
+    the turn interrupted, as an interrupt would have. What the saved replay already ends
+    the client gets from it, not twice; a result the client replays for a lost call is
+    dropped quietly."""
+    assert hello.resume is not None
+    turns: dict[str, None] = {}
+    if open_turn is not None:
+        turns[open_turn] = None
+    epoch = session.epoch
+    ended_calls, ended_turns = proto.ended_since(hello.resume.last_seq)
+    for entry in hello.open:
+        if entry.turn_id not in ended_turns:
+            turns[entry.turn_id] = None
+        if entry.call_id is None or entry.call_id in ended_calls:
+            continue
+        proto.lose_call(entry.call_id)
+        proto.send(
+            m.ToolStreamMessage,
+            call_id=entry.call_id,
+            turn_id=entry.turn_id,
+            epoch=epoch,
+            name=entry.name or "",
+            kind="app" if entry.kind == "app" else "server",
+            phase="cancelled",
+        )
+    if not turns:
+        return
+    session.interrupt(epoch + 1)
+    known = {i.turn_id for i in session.history if isinstance(i, UserInput)}
+    for turn_id in turns:
+        if turn_id in known:  # a turn whose input this process has: marked
+            session.record(TurnInterrupted(turn_id=turn_id))
+        proto.send(m.TurnEndedMessage, turn_id=turn_id, epoch=session.epoch, reason="interrupted")
+    session.skip_turns(turns)
+    log.info(
+        "session %s: adopted after its node was lost: %d calls and %d turns ended interrupted",
+        proto.session_id,
+        sum(1 for e in hello.open if e.call_id is not None),
+        len(turns),
+    )
 
 
 def adopted_protocol(

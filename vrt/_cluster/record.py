@@ -28,6 +28,10 @@ from typing import Any
 import attrs
 
 from vrt._core.results import CallRecord, ResultCode, ToolResult
+from vrt._engine.session import Session
+from vrt._wire import codec
+from vrt._wire.messages import ToolDecl
+from vrt._wire.server import ServerProtocol
 from vrt.models import AgentText, HistoryItem, TurnInterrupted, UserInput
 from vrt.models._render import strict_json
 
@@ -67,6 +71,41 @@ class State:
     """User inputs read whose turns had not started (the new process starts them)."""
     model: Any = None
     """What the model keeps for the session (``session_state``), if it keeps anything."""
+
+
+def state_of(
+    proto: ServerProtocol,
+    session: Session,
+    *,
+    principal: Any,
+    tools: Sequence[ToolDecl],
+    open_turn: str | None,
+    turned: bool,
+    inputs: tuple[str, ...],
+) -> State:
+    """A live session as the store keeps it (its history apart: saved item by item), at a
+    turn boundary: its protocol state ``proto``, its engine ``session``, whom it belongs
+    to, the app tools its client declared, the turn open (None between turns), whether a
+    turn was ever asked for, and the inputs whose turns have not started."""
+    return State(
+        session_id=proto.session_id,
+        token_hash=token_hash(proto.resume_token),
+        principal_hash=principal_hash(principal),
+        capabilities=proto.capabilities,
+        tools=tuple(codec.to_plain(t) for t in tools),
+        epoch=session.epoch,
+        turns=session.turns,
+        open_turn=open_turn,
+        turned=turned,
+        history=(),
+        history_offset=session.history_offset,
+        sent_seq=proto.sent_seq,
+        received_seq=proto.received_seq,
+        acked_by_peer=proto.acked_by_peer,
+        replay=tuple(proto.replay),
+        inputs=inputs,
+        model=session.model_state(),
+    )
 
 
 def token_hash(token: str) -> str:

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from vrt._cluster.keeper import Keeper
+from vrt._cluster.keeper import Keeper, settle_lost_turn
 from vrt._cluster.node import Adopt
-from vrt._cluster.record import State, principal_hash, token_hash
+from vrt._cluster.record import State, state_of
 from vrt._cluster.relay import HANDOVER_CLOSE
 from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded, TurnStarted
 from vrt._core.previews import Previews
@@ -35,17 +35,16 @@ from vrt._core.tables import MOVEMENT
 from vrt._engine import telemetry
 from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
-from vrt._errors import SessionClosed
 from vrt._net.pumps import cancelled
 from vrt._server.appcalls import AppCalls
 from vrt._server.frames import messages_of
 from vrt._server.link import Link, send_and_close
 from vrt._server.ratelimit import RateLimit
-from vrt._wire import codec
+from vrt._server.turns import Turns
 from vrt._wire import messages as m
 from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import ServerProtocol
-from vrt.models import ToolSpec, TurnInterrupted, UserInput
+from vrt.models import ToolSpec
 
 if TYPE_CHECKING:
     from vrt._net.accept import GuardedStream
@@ -99,15 +98,12 @@ class SessionActor:
         self.app_calls = AppCalls(proto, self.flush)
         self._nursery: trio.Nursery | None = None
         """The actor's: the session's turns run here, and cancelling it ends the session."""
-        self._inputs: list[tuple[str, int]] = []
-        """Inputs whose turns have not started, with the interrupt count when each came."""
-        self._turned = False
-        """A turn was asked for (an ``input``): the first-turn limit no longer applies."""
+        self.turns = Turns(self.movement, self.keeper)
+        """The turns the client asks for, one at a time while the session is here."""
         # Made when someone waits on them (idle sessions are many: each object counts).
         self._acked: trio.Event | None = None
         self._attached: trio.Event | None = None
         self._detached: trio.Event | None = None
-        self._interrupts = 0
         self._previews = Previews()
         self._wire_previews = True
         """Whether ``tool.preview`` frames go out (not with ``local-preview-v1``)."""
@@ -122,7 +118,7 @@ class SessionActor:
     @property
     def turned(self) -> bool:
         """Whether the client ever asked for a turn (an ``input``)."""
-        return self._turned
+        return self.turns.turned
 
     def flush(self) -> None:
         """Hand every frame the protocol queued to the current connection, in order.
@@ -240,8 +236,9 @@ class SessionActor:
                 model_state=restored.model,
                 history_offset=restored.history_offset,
             )
-            self._turned = restored.turned
+            self.turns.turned = restored.turned
         session.run_in(nursery)
+        self.turns.run_in(session, nursery)
         session.pace = self._pace
         session.max_open_calls = self.options.max_open_calls
         session.max_queued_app_calls = self.options.max_queued_app_calls
@@ -267,17 +264,17 @@ class SessionActor:
             if proto.state == "detached":
                 self._attached = trio.Event()
                 window = trio.current_time() + self.options.resume_window
-                with trio.move_on_at(window if self._turned else min(window, idle_until)):
+                with trio.move_on_at(window if self.turns.turned else min(window, idle_until)):
                     await self._attached.wait()
                     continue
                 log.info("session %s expired", self.log_id)
                 proto.expire()
                 return
             self._detached = trio.Event()
-            with trio.move_on_at(math.inf if self._turned else idle_until):
+            with trio.move_on_at(math.inf if self.turns.turned else idle_until):
                 await self._detached.wait()
                 continue
-            if not self._turned:
+            if not self.turns.turned:
                 log.info("session %s closed: no turn within first_turn_timeout", self.log_id)
                 self.end("expired")
                 return
@@ -454,27 +451,15 @@ class SessionActor:
 
     def state(self, open_turn: str | None) -> State:
         """The session as it is now, for the store (at a turn boundary)."""
-        proto = self.proto
-        session = self.session
-        assert session is not None
-        return State(
-            session_id=proto.session_id,
-            token_hash=token_hash(proto.resume_token),
-            principal_hash=principal_hash(self.principal),
-            capabilities=proto.capabilities,
-            tools=tuple(codec.to_plain(t) for t in self.hello.tools),
-            epoch=session.epoch,
-            turns=session.turns,
+        assert self.session is not None
+        return state_of(
+            self.proto,
+            self.session,
+            principal=self.principal,
+            tools=self.hello.tools,
             open_turn=open_turn,
-            turned=self._turned,
-            history=(),  # saved item by item (the keeper's)
-            history_offset=session.history_offset,
-            sent_seq=proto.sent_seq,
-            received_seq=proto.received_seq,
-            acked_by_peer=proto.acked_by_peer,
-            replay=tuple(proto.replay),
-            inputs=tuple(text for text, _ in self._inputs),
-            model=session.model_state(),
+            turned=self.turns.turned,
+            inputs=self.turns.waiting,
         )
 
     def history(self) -> tuple[int, Snapshot[Any]]:
@@ -502,7 +487,7 @@ class SessionActor:
         """The handover failed: read what came meanwhile, and go on here."""
         for frame in held:
             self.receive(frame)
-        self._start_turns()
+        self.turns.start()
 
     # -- adopted from the store ------------------------------------------------------------------
 
@@ -511,79 +496,24 @@ class SessionActor:
         it came from lost, if any, then start the turns of the inputs that moved with it."""
         restored = self.restored
         assert restored is not None
+        session = self.session
+        assert session is not None
         lost = self.movement.state == "recovering"
         self.movement.send("resume")
         if lost or hello.open or restored.open_turn is not None:
-            self._settle_lost_turn(hello)
-        if restored.inputs:
-            self._inputs.extend((text, self._interrupts) for text in restored.inputs)
-            self._turned = True
-            self._start_turns()
-
-    def _settle_lost_turn(self, hello: m.Hello) -> None:
-        """End what the client holds open of the turn the node the session came from was
-        running (``handover-v1``). Each call the client reports open gets ``cancelled``,
-        the turn ``turn.ended`` ``interrupted`` with the epoch raised, and the history marks
-        the turn interrupted, as an interrupt would have."""
-        restored = self.restored
-        session = self.session
-        assert restored is not None
-        assert session is not None
-        proto = self.proto
-        turns: dict[str, None] = {}
-        if restored.open_turn is not None:
-            turns[restored.open_turn] = None
-        epoch = session.epoch
-        # What the saved replay already ends, the client gets from it: not ended twice.
-        assert hello.resume is not None
-        ended_calls, ended_turns = proto.ended_since(hello.resume.last_seq)
-        for entry in hello.open:
-            if entry.turn_id not in ended_turns:
-                turns[entry.turn_id] = None
-            if entry.call_id is None or entry.call_id in ended_calls:
-                continue
-            proto.lose_call(entry.call_id)  # a result replayed for it is dropped quietly
-            proto.send(
-                m.ToolStreamMessage,
-                call_id=entry.call_id,
-                turn_id=entry.turn_id,
-                epoch=epoch,
-                name=entry.name or "",
-                kind="app" if entry.kind == "app" else "server",
-                phase="cancelled",
-            )
-        if turns:
-            session.interrupt(epoch + 1)
-            known = {i.turn_id for i in session.history if isinstance(i, UserInput)}
-            for turn_id in turns:
-                if turn_id in known:  # a turn whose input this process has: marked
-                    session.record(TurnInterrupted(turn_id=turn_id))
-                proto.send(
-                    m.TurnEndedMessage, turn_id=turn_id, epoch=session.epoch, reason="interrupted"
-                )
-            session.skip_turns(turns)
-            log.info(
-                "session %s: adopted after its node was lost: %d calls and %d turns ended "
-                "interrupted",
-                self.log_id,
-                sum(1 for e in hello.open if e.call_id is not None),
-                len(turns),
-            )
-        if self.keeper is not None:
-            self.keeper.boundary(None)  # (sent by carry(), after the welcome and the replay)
+            settle_lost_turn(self.proto, session, restored.open_turn, hello)
+            if self.keeper is not None:
+                self.keeper.boundary(None)  # (sent by carry(), after the welcome and the replay)
+        self.turns.extend(restored.inputs)
 
     # -- acting on client messages --------------------------------------------------------------
 
     def _act(self, session: Session, message: Any) -> None:
         proto = self.proto
         if isinstance(message, m.Input):
-            self._turned = True
-            session.interrupt()  # barge-in: at once, before the new turn is queued
-            self._inputs.append((message.text, self._interrupts))
-            self._start_turns()
+            self.turns.input(message.text)
         elif isinstance(message, m.Interrupt):
-            self._interrupts += 1
-            session.interrupt(max(message.epoch, session.epoch + 1))
+            self.turns.interrupt(message.epoch)
         elif isinstance(message, m.ToolResultMessage):
             self.app_calls.result(message, session.epoch)
         elif isinstance(message, m.ConfirmReply):
@@ -595,41 +525,6 @@ class SessionActor:
                     f"no open confirmation for call {message.call_id!r}",
                     message.seq,
                 )
-
-    def _start_turns(self) -> None:
-        """Start the waiting inputs' turns, if the session is between turns here (Movement
-        ``start``); while it is moving they wait, and go with it in its saved state."""
-        if self._inputs and self.movement.can("start"):
-            self.movement.send("start")
-            assert self._nursery is not None
-            assert self.session is not None
-            self._nursery.start_soon(self._turns, self.session)
-
-    async def _turns(self, session: Session) -> None:
-        """The session's turns, while it is ``busy``: the waiting inputs' turns, one at a
-        time in arrival order (``start_turn`` waits for a barge-in's turn to end), each to
-        its end. Then it is between turns again (``rest``); or, asked to move meanwhile
-        (``moving``), it is handed over now (the keeper's :meth:`~Keeper.leave`)."""
-        movement = self.movement
-        try:
-            while True:
-                if self._inputs and movement.state == "busy":
-                    text, generation = self._inputs.pop(0)
-                    started = await session.start_turn(text)
-                    if generation != self._interrupts:
-                        started.interrupt()  # the user interrupted after sending it
-                elif (turn := session.turn) is not None:
-                    await turn.wait()
-                else:
-                    break
-        except SessionClosed:
-            self._inputs.clear()  # closed while they waited (the client's close): no turns
-            return
-        if movement.can("rest"):
-            movement.send("rest")
-            if movement.state == "handing_over":  # it was moving: it goes now
-                assert self.keeper is not None
-                await self.keeper.leave()
 
 
 def _set(event: trio.Event | None) -> None:
