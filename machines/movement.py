@@ -15,8 +15,9 @@ over. ``handing_over`` writes its last save, the client's frames held unread mea
 then it is let go
 (``let_go``: its connection closes with 1012, the client resumes elsewhere), or, if the
 store failed, it stays here, ``idle`` (``stay``), and reads what it held. A save that
-finds another process owning the session (this one's lease ran out) lets it go too
-(``taken``). ``close`` ends it here for good.
+finds another process owning the session (this one's lease ran out) lets it go at once,
+a turn and all (``taken``: ``taken_over``; that process settles the turn). ``close`` ends
+it here for good.
 
 Without a store the session only ever goes ``new``, ``idle``, ``busy`` and ``closed``.
 
@@ -26,8 +27,8 @@ Invariants:
   from ``moving`` when its turn ends;
 - no turn starts unless it is owned here and between turns (``start`` from ``idle`` only),
   so nothing starts while it is moving, being handed over, or waiting for its resume;
-- ``handed_over`` and ``closed`` are final: a session let go never runs here again, and no
-  save is written for it;
+- ``handed_over``, ``taken_over`` and ``closed`` are final: a session let go never runs
+  here again, and no save is written for it;
 - a session restored from the store runs nothing before its client's resume.
 """
 
@@ -47,6 +48,7 @@ class Movement(VrtChart):
     moving = State()
     handing_over = State()
     handed_over = State(final=True)
+    taken_over = State(final=True)
     closed = State(final=True)
 
     open = new.to(idle)
@@ -61,10 +63,10 @@ class Movement(VrtChart):
     let_go = handing_over.to(handed_over)
     stay = handing_over.to(idle)
     taken = (
-        idle.to(handed_over)
-        | busy.to(handed_over)
-        | moving.to(handed_over)
-        | handing_over.to(handed_over)
+        idle.to(taken_over)
+        | busy.to(taken_over)
+        | moving.to(taken_over)
+        | handing_over.to(taken_over)
     )
     close = (
         new.to(closed)

@@ -103,7 +103,14 @@ def no_errors(caplog: pytest.LogCaptureFixture) -> Any:
     (no peer can make the server log one)."""
     with caplog.at_level(logging.DEBUG, logger="vrt"):
         yield
-    bad = [r for r in caplog.records if r.name.startswith("vrt") and r.levelno >= logging.ERROR]
+    records = every_record(caplog)
+    bad = [r for r in records if r.name.startswith("vrt") and r.levelno >= logging.ERROR]
     assert not bad, [r.getMessage() for r in bad]
-    traced = [r for r in caplog.records if r.exc_info and r.levelno > logging.DEBUG]
+    traced = [r for r in records if r.exc_info and r.levelno > logging.DEBUG]
     assert not traced, [r.getMessage() for r in traced]
+
+
+def every_record(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The records of the test's setup and call, and of its teardown so far: a fixture's
+    teardown sees only its own phase's in ``caplog.records``."""
+    return [*caplog.get_records("setup"), *caplog.get_records("call"), *caplog.records]

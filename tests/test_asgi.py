@@ -28,7 +28,7 @@ from trio_websocket import ConnectionClosed, wrap_client_stream
 
 import vrt
 import vrt.asgi
-from tests.conftest import Log, until
+from tests.conftest import Log, every_record, until
 from vrt._net.web import _file
 from vrt.testing import LoopbackProxy
 
@@ -175,7 +175,7 @@ def no_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """Nothing logged at ERROR or above, by vrt, hypercorn or Starlette."""
     caplog.set_level(logging.INFO)
     yield
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    errors = [r.getMessage() for r in every_record(caplog) if r.levelno >= logging.ERROR]
     assert not errors, errors
 
 

@@ -297,6 +297,34 @@ async def test_a_crash_costs_only_the_turn_in_flight() -> None:
     ]
 
 
+@pytest.mark.usefixtures("no_errors")
+async def test_a_session_another_node_took_over_is_let_go_at_its_next_save() -> None:
+    """This node's lease ran out (a long pause, say) and another node took its session
+    over from the store: the save at the next turn's start finds it owned elsewhere
+    (Movement ``taken``), and the session is let go at once, its turn and all, without an
+    error; the client resumes where it runs now, which settles that turn (interrupted),
+    and the input it replays runs there: nothing is lost."""
+    async with nodes(2) as ([a, b], store), via(a) as proxy:
+        async with vrt.connect(f"ws://127.0.0.1:{proxy.port}/") as client:
+            async with client.subscribe() as channel:
+                events = Log(channel)
+                await client.send_text("hi")
+                await until(events, ended)
+                assert client.session_id is not None
+                assert await store.claim(client.session_id, "n0", "n1") is not None
+                move(proxy, b, cut=False)
+                await client.send_text("slow two")
+                lost = await until(events, ended)
+                assert lost.reason == "interrupted"
+                again = await until(events, ended)
+    assert again.reason == "finished"
+    # the turn a let go was not saved: its input, replayed by the client, runs anew at b
+    assert texts(events.events, again.turn_id).endswith("seen 2 inputs, 0 interrupted")
+    assert len(b.model.requests) == 1
+    assert not any(isinstance(e, vrt.Closed) for e in events.events)
+    vrt.testing.assert_stream_valid(events.events)
+
+
 async def test_without_a_store_nothing_drains() -> None:
     async with trio.open_nursery() as nursery:
         server = await nursery.start(

@@ -123,9 +123,9 @@ def test_design_table_states_and_events() -> None:
         # is an event of an owned session; adopted from a handover or, after a crash,
         # recovering.
         "Movement": (
-            "new adopted recovering idle busy moving handing_over handed_over closed",
+            "new adopted recovering idle busy moving handing_over handed_over taken_over closed",
             "open adopt adopt_lost resume start rest save move hand_over let_go stay taken close",
-            "handed_over closed",
+            "handed_over taken_over closed",
         ),
     }
     for table in _tables.TABLES:

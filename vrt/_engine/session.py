@@ -261,15 +261,19 @@ class Session:
         self._turn = None
         self._end_here(Closed(reason=reason))
 
-    def hand_over(self) -> None:
+    def hand_over(self, *, taken: bool = False) -> None:
         """This process lets the session go, between turns, to go on elsewhere (a server
         with a store): its nursery is cancelled and its subscribers' iterations end, with
-        no :class:`~vrt.Closed` (it is not over). Idempotent once final."""
+        no :class:`~vrt.Closed` (it is not over). ``taken``: another process took it over
+        (this one's lease ran out), maybe in a turn, which is dropped here without
+        terminal events, as a close drops it (that process settles it). Idempotent once
+        final."""
         if self._machine.final:
             return
-        if self._turn is not None:
+        if self._turn is not None and not taken:
             raise RuntimeError("a session is handed over between turns only")
         self._machine.send("hand_over")
+        self._turn = None
         self._end_here(None)
 
     def _end_here(self, last: Closed | None) -> None:

@@ -181,8 +181,8 @@ class SessionActor:
                     task_status.started()
                     await self._expiry()
                 finally:
-                    if self.movement.state == "handed_over":
-                        session.hand_over()
+                    if self.movement.state in ("handed_over", "taken_over"):
+                        session.hand_over(taken=self.movement.state == "taken_over")
                     else:
                         session.close("client")  # cancels the nursery: the turns end with it
         except Exception:  # a bug: the peer learns only that it happened
@@ -194,11 +194,11 @@ class SessionActor:
             self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
-            handed_over = self.movement.state == "handed_over"
+            handed_over = self.movement.state in ("handed_over", "taken_over")
             if not self.movement.final:
                 self.movement.send("close")
             if handed_over:
-                log.info("session %s handed over", self.log_id)
+                log.info("session %s %s", self.log_id, self.movement.state.replace("_", " "))
             else:
                 log.info("session %s ended (%s)", self.log_id, self.proto.closed_reason)
             self.flush()
