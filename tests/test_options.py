@@ -92,8 +92,9 @@ def test_the_options_type_check(tmp_path: Path, pytestconfig: pytest.Config) -> 
         "    await vrt.serve(agent, max_sesions=5)  # line 11\n"
         "    vrt.asgi.app(agent, relay_host='x')  # line 12\n"
     )
-    cache = pytestconfig.cache.mkdir("mypy") if pytestconfig.cache else tmp_path
-    out, _, status = mypy.run(["--strict", "--cache-dir", str(cache), str(use)])
+    cache = getattr(pytestconfig, "cache", None)  # pytest's cache keeps mypy's across runs
+    folder = cache.mkdir("mypy") if cache is not None else tmp_path
+    out, _, status = mypy.run(["--strict", "--cache-dir", str(folder), str(use)])
     errors = sorted(int(n) for n in re.findall(r"use\.py:(\d+): error", out))
     assert (status, errors) == (1, [10, 11, 12]), out
     assert 'Argument "max_sessions" to "serve" has incompatible type "str"' in out, out

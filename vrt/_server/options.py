@@ -126,6 +126,6 @@ def app_options(given: Mapping[str, object]) -> Options:
         "app",
         APP,
         elsewhere=[field.name for field in SERVE],
-        where="vrt.serve's only: the ASGI server listens and accepts",
+        where="vrt.serve's only",
     )
     return make_options(given)
