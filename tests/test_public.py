@@ -21,6 +21,15 @@ def test_all_matches_exports() -> None:
         assert getattr(vrt, name) is not None
 
 
+def test_the_option_dicts_are_public() -> None:
+    """The typed keywords of ``vrt.serve`` and ``vrt.asgi.app`` (generated from the options'
+    declarations), for users building an options dict and for the API reference."""
+    assert "ServerOptions" in vrt.__all__
+    assert "AppOptions" in vrt.asgi.__all__
+    assert set(vrt.asgi.AppOptions.__annotations__) < set(vrt.ServerOptions.__annotations__)
+    assert "max_sessions" in vrt.ServerOptions.__annotations__
+
+
 def test_public_modules_have_all() -> None:
     for module in (vrt.models, vrt.testing, vrt.mcp, vrt.asgi):
         for name in module.__all__:

@@ -40,6 +40,7 @@ from vrt._errors import (
     SessionClosed,
     VrtError,
 )
+from vrt._server.option_types import ServerOptions
 from vrt._server.serve import HandshakeRequest, Refuse, Server, serve
 from vrt.models import Model, ModelRequest, ToolSpec
 from vrt.models._scripted import ScriptedModel, call, pause, say
@@ -72,6 +73,7 @@ __all__ = [
     "Rewrite",
     "ScriptedModel",
     "Server",
+    "ServerOptions",
     "ServerTool",
     "Session",
     "SessionClosed",

@@ -1,7 +1,7 @@
 """``vrt.asgi``: vrt/1 as an ASGI 3 application, for hypercorn's Trio worker or mounted in
 Starlette or Quart-Trio.
 
-``vrt.asgi.app(agent, **options)`` takes ``vrt.serve``'s options (:func:`app` lists them)
+``vrt.asgi.app(agent, **options)`` takes ``vrt.serve``'s options (:class:`AppOptions` lists them)
 and runs the same protocol core: a WebSocket scope is handed to the same
 :class:`~vrt._server.hub.Hub` as a connection ``vrt.serve`` accepted (its hello, its session,
 resume, limits, ``authenticate``), through :class:`AsgiConnection`, which gives the ASGI
@@ -29,34 +29,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, MutableMapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any, Unpack
 
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
 from vrt._engine.agent import Agent
-from vrt._net.options import (
-    FIRST_TURN_TIMEOUT,
-    HANDSHAKE_TIMEOUT,
-    MAX_HISTORY_BYTES,
-    MAX_MESSAGES_PER_SECOND,
-    MAX_OPEN_CALLS,
-    MAX_QUEUED_APP_CALLS,
-    MAX_SESSIONS,
-    MAX_SESSIONS_PER_PEER,
-    RESUME_WINDOW,
-    Options,
-    make_options,
-)
-from vrt._net.upgrade import HELLO_LIMIT, Authenticate, HandshakeRequest, Refused, decide
+from vrt._net.options import Options, with_options
+from vrt._net.upgrade import HELLO_LIMIT, HandshakeRequest, Refused, decide
 from vrt._net.web import Response, respond
 from vrt._server.hub import Hub, peer_of
-from vrt._wire import messages as m
-from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
-from vrt._wire.server import MAX_MESSAGE_SIZE
+from vrt._server.option_types import AppOptions
+from vrt._server.options import APP, app_options
 
-__all__ = ["App", "AsgiConnection", "app"]
+__all__ = ["App", "AppOptions", "AsgiConnection", "app"]
 
 log = logging.getLogger("vrt.server")
 
@@ -73,32 +60,10 @@ NOT_STARTED = (
 )
 
 
-def app(
-    agent: Agent,
-    *,
-    capabilities: Collection[str] = m.CAPABILITIES,
-    max_message_size: int = MAX_MESSAGE_SIZE,
-    resume_window: float = RESUME_WINDOW,
-    max_sessions: int = MAX_SESSIONS,
-    max_open_calls: int = MAX_OPEN_CALLS,
-    max_queued_app_calls: int = MAX_QUEUED_APP_CALLS,
-    max_messages_per_second: float = MAX_MESSAGES_PER_SECOND,
-    replay_limit: int = REPLAY_LIMIT,
-    replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
-    handshake_timeout: float = HANDSHAKE_TIMEOUT,
-    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER,
-    first_turn_timeout: float = FIRST_TURN_TIMEOUT,
-    max_history_bytes: int = MAX_HISTORY_BYTES,
-    authenticate: Authenticate | None = None,
-    allowed_origins: Collection[str] | None = None,
-    web_demo: bool = False,
-    metrics: bool = False,
-    capture_content: bool | None = None,
-    store: object = None,
-) -> App:
+def app(agent: Agent, *, store: None = None, **options: Unpack[AppOptions]) -> App:
     """An ASGI 3 application serving ``agent`` over vrt/1: the same sessions, limits,
     ``authenticate`` hook and resume as :func:`vrt.serve`, whose options it takes with the
-    same meaning and the same checks (ValueError for a bad value).
+    same meaning and the same checks (ValueError for a bad value): :class:`AppOptions`.
 
     ``handshake_timeout`` runs from the moment the ASGI server hands the upgrade to the app
     (``authenticate`` and the hello within it); ``max_sessions_per_peer`` counts by principal,
@@ -107,36 +72,20 @@ def app(
 
     Not taken (TypeError, as for any unknown option): ``host``, ``port`` and ``reuse_port``
     (the ASGI server listens), ``max_pending_connections`` and ``max_pending_per_peer`` (it
-    accepts TCP and reads the upgrade), ``relay_host``, ``node`` and ``drain_timeout``.
-    ``store`` (sessions across processes: relays, handover, drain) is ``vrt.serve``'s only:
-    any value but None is a ValueError.
+    accepts TCP and reads the upgrade), ``ssl_context`` (it serves TLS), ``relay_host``,
+    ``node`` and ``drain_timeout``. ``store`` (sessions across processes: relays, handover,
+    drain) is ``vrt.serve``'s only: any value but None is a ValueError.
     """
     if store is not None:
         raise ValueError(
             "vrt.asgi.app takes no store: serving across processes (relayed resumes, "
             "handover, drain) needs vrt.serve's own listeners (vrt serve --store)"
         )
-    options = make_options(
-        capabilities=capabilities,
-        max_message_size=max_message_size,
-        resume_window=resume_window,
-        max_sessions=max_sessions,
-        max_open_calls=max_open_calls,
-        max_queued_app_calls=max_queued_app_calls,
-        max_messages_per_second=max_messages_per_second,
-        replay_limit=replay_limit,
-        replay_limit_bytes=replay_limit_bytes,
-        handshake_timeout=handshake_timeout,
-        max_sessions_per_peer=max_sessions_per_peer,
-        first_turn_timeout=first_turn_timeout,
-        max_history_bytes=max_history_bytes,
-        authenticate=authenticate,
-        allowed_origins=allowed_origins,
-        web_demo=web_demo,
-        metrics=metrics,
-        capture_content=capture_content,
-    )
-    return App(agent, options)
+    return App(agent, app_options(options))
+
+
+# inspect.signature() and help() show every option, as if each were spelled out.
+app.__signature__ = with_options(app, APP)  # type: ignore[attr-defined]
 
 
 class App:

@@ -7,7 +7,6 @@ import functools
 import importlib
 import inspect
 import logging
-import math
 import os
 import signal
 import ssl
@@ -22,9 +21,11 @@ import vrt
 from vrt import check as vrt_check
 from vrt._cli import demo_agent
 from vrt._cli.demo import FAST, run_demo
+from vrt._cli.flags import add_flags, option_values, reading
 from vrt._cli.telemetry import install_prometheus
 from vrt._cluster.node import default_name
 from vrt._engine.groups import single_unwrapped
+from vrt._net.options import read_count
 from vrt._net.tls import load_server_context
 
 Handler = Callable[[argparse.Namespace], int]
@@ -96,14 +97,23 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         help="e.g. myapp.agents:agent (with --web it may be left out: the demo's agent)",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
-        "--port", type=_port, default=8765, help="0 picks a free port (default: %(default)s)"
+        "--host", default=_default("host"), help="address to bind (default: %(default)s)"
     )
-    for flag, kind, text in _SAFETY:
-        serve.add_argument(
-            flag, type=kind, default=_default(flag), help=f"{text} (default: %(default)s)"
-        )
+    serve.add_argument(
+        "--port",
+        type=_port,
+        default=_default("port"),
+        help="0 picks a free port (default: %(default)s)",
+    )
+    production = serve.add_argument_group(
+        "serving in production (docs/deploy.md)",
+        "With a store, sessions survive deploys and crashes: SIGTERM drains (GET /healthz "
+        "answers 503, every session is handed over at its next turn boundary, then the "
+        "process exits 0); a second SIGTERM or SIGINT stops at once.",
+    )
+    # Every option of vrt.serve that is a flag, from its declaration (vrt._cli.flags).
+    add_flags(serve, {"production": production})
     serve.add_argument(
         "--log-level",
         default="info",
@@ -111,69 +121,27 @@ def _parser() -> argparse.ArgumentParser:
         help="what the server logs to stderr: connections, sessions and their ends at info "
         "(default: %(default)s)",
     )
-    serve.add_argument(
-        "--allowed-origin",
-        action="append",
-        dest="allowed_origins",
-        metavar="ORIGIN",
-        help="accept browser upgrades only from this Origin (repeat for more; default: any)",
-    )
-    serve.add_argument(
-        "--web",
-        action="store_true",
-        help="also serve the demo page at / (its app tools edit a document in the page)",
-    )
-    serve.add_argument(
-        "--metrics",
-        action="store_true",
-        help="serve GET /metrics in Prometheus' text format (needs trio-vrt[metrics]; with "
-        "--workers, each worker answers for itself)",
-    )
     _tls_arguments(serve)
-    production = serve.add_argument_group(
-        "serving in production (docs/deploy.md)",
-        "With a store, sessions survive deploys and crashes: SIGTERM drains (GET /healthz "
-        "answers 503, every session is handed over at its next turn boundary, then the "
-        "process exits 0); a second SIGTERM or SIGINT stops at once.",
-    )
-    production.add_argument(
-        "--store",
-        metavar="URL",
-        help="redis://HOST:PORT[/DB] or valkey://...: where sessions are saved, shared by "
-        "every node (default: none, sessions live in this process)",
-    )
     production.add_argument(
         "--workers",
-        type=_count,
+        type=reading(read_count),
         default=1,
         help="processes on one port (SO_REUSEPORT); more than 1 needs --store "
         "(default: %(default)s)",
-    )
-    production.add_argument(
-        "--node", metavar="NAME", help="this process's name in the store (default: host:pid)"
-    )
-    production.add_argument(
-        "--drain-timeout",
-        type=_seconds,
-        default=_default("--drain-timeout"),
-        help="seconds a drain waits for a turn before interrupting it (default: %(default)s)",
-    )
-    production.add_argument(
-        "--relay-host",
-        metavar="HOST",
-        help="the address other nodes reach this one at (default: --host, or this "
-        "machine's address for a wildcard)",
     )
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
 
     diagrams = commands.add_parser(
         "diagrams",
-        help="write the machines' diagrams (Mermaid and SVG), or check they are current",
+        help="write the machines' diagrams (Mermaid and SVG) and the other generated files, "
+        "or check they are current",
         description="Write diagrams/<machine>.mmd (Mermaid), diagrams/<machine>.svg "
         "(Graphviz), diagrams/README.md and vrt/web/machines.js (the browser client's "
-        "tables) from the classes in machines/. With --check, "
-        "write nothing: exit 1 and name every stale or missing file.",
+        "tables) from the classes in machines/, and vrt/_server/option_types.py (the "
+        "TypedDicts of vrt.serve's and vrt.asgi.app's options) from the options' "
+        "declarations. With --check, write nothing: exit 1 and name every stale or missing "
+        "file.",
     )
     diagrams.add_argument("--check", action="store_true", help="only check, exit 1 if stale")
     diagrams.add_argument("--dir", default="diagrams", help="folder (default: %(default)s)")
@@ -204,12 +172,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _diagrams(args: argparse.Namespace) -> int:
     from vrt._cli import diagrams as _diagrams
-    from vrt._cli import webtables
+    from vrt._cli import optiontypes, webtables
 
     folder = Path(args.dir)
     web = Path(args.web_dir)
     if args.check:
-        problems = _diagrams.check(folder) + webtables.check(web)
+        problems = _diagrams.check(folder) + webtables.check(web) + optiontypes.check()
         for problem in problems:
             print(f"vrt diagrams --check: {problem}", file=sys.stderr)
         if problems:
@@ -221,7 +189,10 @@ def _diagrams(args: argparse.Namespace) -> int:
         print(f"vrt diagrams: {exc}", file=sys.stderr)
         return 1
     machines_js = webtables.write(web)
-    print(f"vrt diagrams: wrote {len(written)} files in {folder}/ and {machines_js}")
+    option_types = optiontypes.write()
+    print(
+        f"vrt diagrams: wrote {len(written)} files in {folder}/, {machines_js} and {option_types}"
+    )
     return 0
 
 
@@ -261,52 +232,6 @@ def _port(text: str) -> int:
     return port
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds (0 or more), not {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}")
-    return value
-
-
-_SAFETY: list[tuple[str, Callable[[str], object], str]] = [
-    ("--resume-window", _seconds, "seconds a dropped session waits for its client"),
-    ("--handshake-timeout", _positive, "seconds from connect to a valid hello"),
-    ("--max-pending-connections", _count, "connections in their handshake"),
-    ("--max-pending-per-peer", _count, "connections in their handshake per IP (/64)"),
-    ("--max-sessions", _count, "live sessions"),
-    ("--max-sessions-per-peer", _count, "sessions per principal or IP"),
-    ("--first-turn-timeout", _positive, "seconds to a session's first turn"),
-    ("--max-open-calls", _count, "calls of one turn without a result"),
-    ("--max-queued-app-calls", _count, "app calls waiting for the app"),
-    ("--max-messages-per-second", _positive, "frames in, per connection"),
-    ("--replay-limit", _count, "unacked messages kept for a resume"),
-    ("--replay-limit-bytes", _count, "unacked or unsent bytes kept"),
-    ("--max-message-size", _count, "bytes per frame, at least 1024"),
-    ("--max-history-bytes", _count, "history kept for the model, bytes"),
-]
-"""``vrt serve``'s flags for ``vrt.serve``'s safety options (their defaults are its own)."""
-
-
 def _tls_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     parser.add_argument(
         "--certfile",
@@ -330,8 +255,9 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | str | None:
         return str(exc)
 
 
-def _default(flag: str) -> object:
-    return inspect.signature(vrt.serve).parameters[flag[2:].replace("-", "_")].default
+def _default(parameter: str) -> Any:
+    """The default of ``vrt.serve``'s ``parameter`` (``host``, ``port``)."""
+    return inspect.signature(vrt.serve).parameters[parameter].default
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -351,7 +277,7 @@ def _serve(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     if args.target is None:
-        if not args.web:
+        if not args.web_demo:
             print("vrt serve: MODULE:AGENT is missing (only --web has a default)", file=sys.stderr)
             return 2
         args.target = DEMO_AGENT
@@ -365,30 +291,12 @@ def _serve(args: argparse.Namespace) -> int:
         if missing is not None:
             print(f"vrt serve: --metrics: {missing}", file=sys.stderr)
             return 2
-    options = {
-        flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
-        for flag, *_ in _SAFETY
-    }
-    production: dict[str, Any] = {}
+    options = option_values(args)
     if args.store:
-        production = {
-            "store": args.store,
-            "node": args.node or default_name(args.worker_index),
-            "drain_timeout": args.drain_timeout,
-            "relay_host": args.relay_host,
-            "reuse_port": args.worker_index is not None,
-        }
+        options["node"] = args.node or default_name(args.worker_index)
+        options["reuse_port"] = args.worker_index is not None
     return _serve_until_interrupted(
-        agent,
-        args.host,
-        args.port,
-        args.target,
-        allowed_origins=args.allowed_origins,
-        web_demo=args.web,
-        metrics=args.metrics,
-        ssl_context=ssl_context,
-        **options,
-        **production,
+        agent, args.host, args.port, args.target, ssl_context=ssl_context, **options
     )
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import trio
 
+from vrt._cli.flags import option_argv
+
 log = logging.getLogger("vrt.server")
 
 START_TIMEOUT = 30.0
@@ -39,24 +41,14 @@ def _free_port(host: str) -> int:
 
 def worker_command(args: argparse.Namespace, port: int, index: int) -> list[str]:
     """The command line of worker ``index``: this ``vrt serve``'s options, one port."""
-    from vrt._cli.commands import _SAFETY
-
     command = [sys.executable, "-m", "vrt", "serve", args.target, "--host", args.host]
-    command += ["--port", str(port), "--log-level", args.log_level, "--store", args.store]
-    command += ["--drain-timeout", str(args.drain_timeout), "--worker-index", str(index)]
-    for flag, *_ in _SAFETY:
-        command += [flag, str(getattr(args, flag[2:].replace("-", "_")))]
-    for origin in args.allowed_origins or ():
-        command += ["--allowed-origin", origin]
-    if args.web:
-        command.append("--web")
-    if args.node:
-        command += ["--node", f"{args.node}:{index}"]  # else host:pid:index
-    if args.relay_host:
-        command += ["--relay-host", args.relay_host]
+    command += ["--port", str(port), "--log-level", args.log_level]
+    command += ["--worker-index", str(index)]
     if args.certfile:
         command += ["--certfile", args.certfile, "--keyfile", args.keyfile]
-    return command
+    # Every option's flag, from its declaration; the node's name is the worker's own.
+    node = f"{args.node}:{index}" if args.node else None  # else host:pid:index
+    return command + option_argv(argparse.Namespace(**{**vars(args), "node": node}))
 
 
 def supervise(args: argparse.Namespace) -> int:
@@ -111,7 +103,7 @@ def supervise(args: argparse.Namespace) -> int:
                     f"vrt serve: {args.target} on ws{s}://{host}:{port}/ ({count} workers)",
                     flush=True,
                 )
-                if args.web:
+                if args.web_demo:
                     print(f"vrt serve: the demo page is http{s}://{host}:{port}/", flush=True)
                 drained = False
                 async for signum in signals:

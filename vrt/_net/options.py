@@ -1,10 +1,26 @@
-"""The server's safety options and their defaults (see ``vrt.serve`` and the README's
-"Running the server safely")."""
+"""The server's options, each declared once: its name, type, default, check, documentation
+and ``vrt serve`` flag.
+
+A server option is a field of an attrs record with an :class:`About` in its metadata
+(:func:`option`). :class:`Options` holds those every front takes (``vrt.serve`` and
+``vrt.asgi.app``: the hub, its actors and links read them); ``vrt._server.options``
+declares those only ``vrt.serve`` takes (its listeners, TLS, the store), with the same
+:func:`option`. Everything else is made from these declarations: the checks
+(:func:`make_options`), the typed keywords of ``vrt.serve`` and ``vrt.asgi.app`` (the
+TypedDicts of ``vrt/_server/option_types.py``, which ``vrt diagrams`` generates and
+``vrt diagrams --check`` keeps current), their ``inspect.signature``, the API reference
+(the TypedDicts' field docstrings are the :attr:`About.doc` paragraphs) and the flags of
+``vrt serve`` (``vrt._cli.flags``), including what ``vrt serve --workers`` passes on to
+each worker. A new option is one more field here (or there), then ``vrt diagrams``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+import difflib
+import inspect
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -13,62 +29,29 @@ from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
+if TYPE_CHECKING:
+    from vrt._net.upgrade import Authenticate
+
 HIGH_WATER = 4000
 """Unacked messages at which the model is held (under the replay buffer's 10,000)."""
-RESUME_WINDOW = 30.0
-MAX_SESSIONS = 1000
-MAX_OPEN_CALLS = 64
-MAX_QUEUED_APP_CALLS = 32
-MAX_MESSAGES_PER_SECOND = 100.0
-HANDSHAKE_TIMEOUT = 10.0
-MAX_PENDING_CONNECTIONS = 256
-MAX_PENDING_PER_PEER = 64
-MAX_SESSIONS_PER_PEER = 20
-FIRST_TURN_TIMEOUT = 300.0
-MAX_HISTORY_BYTES = 1024 * 1024
-DRAIN_TIMEOUT = 30.0
 MIN_MESSAGE_SIZE = 1024
 """The smallest ``max_message_size``: every frame the server makes itself must fit."""
 
+GROUPS = {
+    "serving": "Serving",
+    "safety": "Safety",
+    "observability": "Observability",
+    "production": "Serving in production (docs/deploy.md)",
+}
+"""The sections options are documented in (``About.group``), in their order."""
 
-@attrs.frozen(kw_only=True)
-class Options:
-    """What one server was started with: one record shared by its hub, actors and links."""
+_KEY = "vrt"
+"""The key of an option's :class:`About` in its attrs field's metadata."""
 
-    capabilities: tuple[str, ...] = m.CAPABILITIES
-    max_message_size: int = MAX_MESSAGE_SIZE
-    resume_window: float = RESUME_WINDOW
-    max_sessions: int = MAX_SESSIONS
-    max_open_calls: int = MAX_OPEN_CALLS
-    max_queued_app_calls: int = MAX_QUEUED_APP_CALLS
-    max_messages_per_second: float = MAX_MESSAGES_PER_SECOND
-    replay_limit: int = REPLAY_LIMIT
-    replay_limit_bytes: int = REPLAY_LIMIT_BYTES
-    handshake_timeout: float = HANDSHAKE_TIMEOUT
-    max_pending_connections: int = MAX_PENDING_CONNECTIONS
-    max_pending_per_peer: int = MAX_PENDING_PER_PEER
-    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
-    first_turn_timeout: float = FIRST_TURN_TIMEOUT
-    max_history_bytes: int = MAX_HISTORY_BYTES
-    authenticate: Any = None
-    """``async (vrt.HandshakeRequest) -> principal`` (see ``vrt.serve``), or None."""
-    allowed_origins: frozenset[str] | None = None
-    web_demo: bool = False
-    """Serve the demo page at ``/`` too (``vrt demo --web``, ``vrt serve --web``)."""
-    metrics: bool = False
-    """Serve ``GET /metrics`` (Prometheus' text format: :mod:`vrt._net.metrics`)."""
-    capture_content: bool | None = None
-    """Content in trace spans (None: as ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
+R = TypeVar("R", bound=attrs.AttrsInstance)
 
-    @property
-    def high_water(self) -> int:
-        """Unacked messages at which the model is held: well under the replay bound."""
-        return max(1, min(HIGH_WATER, self.replay_limit * 2 // 5))
 
-    @property
-    def high_water_bytes(self) -> int:
-        """Unacked (or unwritten) bytes at which the model is held: 40 % of the bound."""
-        return max(1, self.replay_limit_bytes * 2 // 5)
+# -- what an option's value may be ----------------------------------------------------------------
 
 
 def count(name: str, value: object) -> int:
@@ -87,64 +70,401 @@ def positive_number(name: str, value: object, *, zero: bool = False) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
-def make_options(
+def _seconds(name: str, value: object) -> float:
+    return positive_number(name, value, zero=True)
+
+
+def _message_size(name: str, value: object) -> int:
+    if not (isinstance(value, int) and value >= MIN_MESSAGE_SIZE):
+        raise ValueError(f"{name} must be an integer of at least {MIN_MESSAGE_SIZE}, not {value!r}")
+    return value
+
+
+def read_count(text: str) -> int:
+    """A flag's text as a whole number of at least 1; ValueError saying what was expected."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"expected a whole number of at least 1, not {text!r}")
+    return value
+
+
+def read_seconds(text: str) -> float:
+    """A flag's text as a number of seconds, 0 or more; ValueError if it is not."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise ValueError(f"expected a number of seconds (0 or more), not {text!r}")
+    return value
+
+
+def read_positive(text: str) -> float:
+    """A flag's text as a positive number; ValueError if it is not."""
+    value = read_seconds(text)
+    if value == 0:
+        raise ValueError(f"expected a positive number, not {text!r}")
+    return value
+
+
+@attrs.frozen
+class Rule:
+    """What values an option takes: :attr:`check` for a value given in Python (the value
+    to keep, or ValueError naming the option), :attr:`read` for its flag's text (the value,
+    or ValueError saying what was expected: the command line says it in one line)."""
+
+    check: Callable[[str, Any], Any]
+    read: Callable[[str], Any] = str
+
+
+COUNT = Rule(count, read_count)
+"""A whole number of at least 1."""
+POSITIVE = Rule(positive_number, read_positive)
+"""A positive number (seconds, a rate)."""
+SECONDS = Rule(_seconds, read_seconds)
+"""A number of seconds, 0 or more."""
+MESSAGE_SIZE = Rule(_message_size, read_count)
+"""``max_message_size``: at least :data:`MIN_MESSAGE_SIZE` (the flag reads any count, and
+the check says why a small one is refused)."""
+
+
+# -- how an option is declared --------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Flag:
+    """How an option is a flag of ``vrt serve``. A bool option is a switch (``--web``); a
+    :attr:`repeat` flag adds one item each time (``--allowed-origin``); any other takes a
+    value, read by the option's :class:`Rule`, and its help shows the default (unless it
+    is None: :attr:`help` then says what none means)."""
+
+    help: str
+    """One line for ``vrt serve --help``."""
+    name: str = ""
+    """The flag (default: ``--`` and the option's name with dashes)."""
+    metavar: str | None = None
+    repeat: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class About:
+    """What an option's field declares besides its name, type and default."""
+
+    doc: str
+    """One paragraph for the API reference (the TypedDict's field docstring)."""
+    group: str
+    """Its section (a key of :data:`GROUPS`)."""
+    rule: Rule | None = None
+    """Its check (and its flag's reading); None: any value of its type is kept as given."""
+    flag: Flag | None = None
+    """Its ``vrt serve`` flag, if it has one."""
+    serve_only: bool = False
+    """Taken by ``vrt.serve`` only, not ``vrt.asgi.app`` (whose ASGI server does that job)."""
+
+    def flag_name(self, name: str) -> str:
+        """The flag of option ``name`` (it must have one)."""
+        assert self.flag is not None, name
+        return self.flag.name or f"--{name.replace('_', '-')}"
+
+
+def option(
+    default: object,
     *,
-    capabilities: Collection[str] = m.CAPABILITIES,
-    max_message_size: int = MAX_MESSAGE_SIZE,
-    resume_window: float = RESUME_WINDOW,
-    max_sessions: int = MAX_SESSIONS,
-    max_open_calls: int = MAX_OPEN_CALLS,
-    max_queued_app_calls: int = MAX_QUEUED_APP_CALLS,
-    max_messages_per_second: float = MAX_MESSAGES_PER_SECOND,
-    replay_limit: int = REPLAY_LIMIT,
-    replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
-    handshake_timeout: float = HANDSHAKE_TIMEOUT,
-    max_pending_connections: int = MAX_PENDING_CONNECTIONS,
-    max_pending_per_peer: int = MAX_PENDING_PER_PEER,
-    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER,
-    first_turn_timeout: float = FIRST_TURN_TIMEOUT,
-    max_history_bytes: int = MAX_HISTORY_BYTES,
-    authenticate: Any = None,
-    allowed_origins: Collection[str] | None = None,
-    web_demo: bool = False,
-    metrics: bool = False,
-    capture_content: bool | None = None,
-) -> Options:
-    """The :class:`Options` of a server, each option checked: ValueError naming the first
+    doc: str,
+    group: str,
+    rule: Rule | None = None,
+    flag: Flag | None = None,
+    serve_only: bool = False,
+) -> Any:
+    """The attrs field of one option (``name: type = option(default, ...)`` in a record)."""
+    assert group in GROUPS, group
+    about = About(
+        doc=inspect.cleandoc(doc), group=group, rule=rule, flag=flag, serve_only=serve_only
+    )
+    return attrs.field(default=default, metadata={_KEY: about})
+
+
+def about(field: attrs.Attribute[Any]) -> About:
+    """The declaration of an option's field."""
+    found: About = field.metadata[_KEY]
+    return found
+
+
+def checked(record: type[R], given: Mapping[str, object]) -> R:
+    """``record`` with the values of ``given`` that are its options, each checked by its
+    rule (ValueError naming the first bad one, in declaration order); the others default."""
+    values: dict[str, object] = {}
+    for field in attrs.fields(record):
+        if field.name in given:
+            rule = about(field).rule
+            value = given[field.name]
+            values[field.name] = value if rule is None else rule.check(field.name, value)
+    return record(**values)
+
+
+def refuse_unknown(
+    given: Iterable[str],
+    caller: str,
+    takes: Sequence[attrs.Attribute[Any]],
+    *,
+    elsewhere: Collection[str] = (),
+    where: str = "",
+) -> None:
+    """TypeError for the first name in ``given`` that is none of ``takes``, worded as
+    Python's own for a function ``caller``: with the option it was perhaps meant to be, or
+    ``where`` it is taken when it is in ``elsewhere``."""
+    names = [field.name for field in takes]
+    for name in given:
+        if name in names:
+            continue
+        hint = ""
+        if name in elsewhere:
+            hint = f" ({where})"
+        elif close := difflib.get_close_matches(name, names, n=1):
+            hint = f" (did you mean {close[0]!r}?)"
+        raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{hint}")
+
+
+def with_options(
+    function: Callable[..., Any], options: Sequence[attrs.Attribute[Any]]
+) -> inspect.Signature:
+    """``function``'s signature with its ``**options`` spread into one keyword-only
+    parameter per option (its type and default), as ``inspect.signature`` and ``help()``
+    should show a function whose options are declared here."""
+    signature = inspect.signature(function)
+    keep = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    spread = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
+        )
+        for f in options
+    ]
+    return signature.replace(parameters=[*keep, *spread])
+
+
+# -- the options every front takes ----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Options:
+    """What one server was started with: one record shared by its hub, actors and links
+    (``vrt.serve`` and ``vrt.asgi.app`` both take these; ``vrt._server.options`` holds
+    what only ``vrt.serve`` takes). Build it with :func:`make_options`, which checks."""
+
+    capabilities: Collection[str] = option(
+        m.CAPABILITIES,
+        group="serving",
+        rule=Rule(lambda name, value: tuple(value)),
+        doc="""What this server supports, of vrt/1's capabilities: pass ``()`` to act as a
+        server without ``tool-stream-v1``.""",
+    )
+    web_demo: bool = option(
+        False,
+        group="serving",
+        flag=Flag(
+            name="--web",
+            help="also serve the demo page at / (its app tools edit a document in the page)",
+        ),
+        doc="""Serve the demo page at ``/`` too (what ``vrt demo --web`` does). Plain HTTP
+        on the same port always gets the browser client (``GET /vrt.js``, ``/vrt.d.ts``,
+        ``/machines.js``).""",
+    )
+    authenticate: Authenticate | None = option(
+        None,
+        group="safety",
+        doc="""``async (vrt.HandshakeRequest) -> principal``, run before the upgrade; raise
+        :class:`vrt.Refuse` (or return None: 401) to refuse the upgrade with an HTTP status.
+        The principal reaches server tools as ``ctx.principal``, and a resume must come with
+        the same principal.""",
+    )
+    allowed_origins: Collection[str] | None = option(
+        None,
+        group="safety",
+        rule=Rule(lambda name, value: None if value is None else frozenset(value)),
+        flag=Flag(
+            name="--allowed-origin",
+            metavar="ORIGIN",
+            repeat=True,
+            help="accept browser upgrades only from this Origin (repeat for more; default: any)",
+        ),
+        doc="""If given, an upgrade whose ``Origin`` header is present and not in it is
+        refused (403): browsers send it, so a page elsewhere cannot use a user's cookies to
+        open a session. Requests without ``Origin`` (not a browser) pass.""",
+    )
+    handshake_timeout: float = option(
+        10.0,
+        group="safety",
+        rule=POSITIVE,
+        flag=Flag(help="seconds from connect to a valid hello"),
+        doc="""Seconds from the TCP accept to a valid ``hello`` (the HTTP upgrade,
+        ``authenticate`` and the hello; with ``ssl_context`` the TLS handshake too); a peer
+        slower than that is cut off.""",
+    )
+    max_pending_connections: int = option(
+        256,
+        group="safety",
+        rule=COUNT,
+        serve_only=True,
+        flag=Flag(help="connections in their handshake"),
+        doc="""Connections still in their handshake. A new connection is always let in:
+        when the pool, or its address's share (``max_pending_per_peer``), is full, the
+        connection of that pool that has waited longest is closed instead (a real client
+        finishes in milliseconds), so slow handshakes cannot lock anyone out. A peer that
+        leaves mid-handshake is forgotten at once. Running out of file descriptors is one
+        warning a time, not a log flood.""",
+    )
+    max_pending_per_peer: int = option(
+        64,
+        group="safety",
+        rule=COUNT,
+        serve_only=True,
+        flag=Flag(help="connections in their handshake per IP (/64)"),
+        doc="""Of ``max_pending_connections``, those from one IP address (an IPv6 /64).
+        Behind a reverse proxy every connection has the proxy's address: raise it to
+        ``max_pending_connections`` there.""",
+    )
+    max_sessions: int = option(
+        1000,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="live sessions"),
+        doc="""Live sessions, detached ones included. At it, the oldest session that never
+        started a turn is closed (``expired``) to make room; if every session has, a new one
+        is refused (``error`` ``RATE_LIMITED``, ``closed`` ``rejected``).""",
+    )
+    max_sessions_per_peer: int = option(
+        20,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="sessions per principal or IP"),
+        doc="""The same as ``max_sessions``, per principal (what ``authenticate`` returns)
+        or, without one, per remote IP address.""",
+    )
+    first_turn_timeout: float = option(
+        300.0,
+        group="safety",
+        rule=POSITIVE,
+        flag=Flag(help="seconds to a session's first turn"),
+        doc="""Seconds: a session that starts no turn by then is closed (``expired``).""",
+    )
+    resume_window: float = option(
+        30.0,
+        group="safety",
+        rule=SECONDS,
+        flag=Flag(help="seconds a dropped session waits for its client"),
+        doc="""Seconds a session whose connection dropped is kept for the client to resume;
+        turns and server tools go on meanwhile. Then it closes (``expired``). 0 ends a
+        session with its connection.""",
+    )
+    max_open_calls: int = option(
+        64,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="calls of one turn without a result"),
+        doc="""Calls of one turn without a result; a call over it fails at once (FAILED) and
+        the model gets that result.""",
+    )
+    max_queued_app_calls: int = option(
+        32,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="app calls waiting for the app"),
+        doc="""App calls waiting for the app; one over it FAILED.""",
+    )
+    max_messages_per_second: float = option(
+        100.0,
+        group="safety",
+        rule=POSITIVE,
+        flag=Flag(help="frames in, per connection"),
+        doc="""Inbound frames per connection, with a one-second burst; frames over it are
+        read more slowly (never dropped) and the client gets ``error`` ``RATE_LIMITED``
+        once; after 5 seconds of that, the session is closed (``server``).""",
+    )
+    replay_limit: int = option(
+        REPLAY_LIMIT,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="unacked messages kept for a resume"),
+        doc="""Messages in the replay buffer, and in each connection's unwritten backlog: the
+        model is held while the client is 40 % of this (or of ``replay_limit_bytes``)
+        behind; over the limit, or held 30 s without progress, the session closes
+        (``overflow``) and a connection stuck behind unread frames is reset at once.""",
+    )
+    replay_limit_bytes: int = option(
+        REPLAY_LIMIT_BYTES,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="unacked or unsent bytes kept"),
+        doc="""The bound of ``replay_limit`` in bytes, at least twice ``max_message_size``
+        (one frame must fit with room to spare).""",
+    )
+    max_message_size: int = option(
+        MAX_MESSAGE_SIZE,
+        group="safety",
+        rule=MESSAGE_SIZE,
+        flag=Flag(help=f"bytes per frame, at least {MIN_MESSAGE_SIZE}"),
+        doc=f"""At least {MIN_MESSAGE_SIZE:,}. A frame over it in characters closes the
+        connection (1009; a hello over 64 KiB too); one within it in characters but over it
+        in UTF-8 bytes is answered ``TOO_LARGE`` and the session goes on. The server sends
+        no frame over it (``vrt.connect``'s default is the same): a call's arguments are
+        bounded to an eighth of it (a call over fails), ``ctx.emit`` progress to half.""",
+    )
+    max_history_bytes: int = option(
+        1024 * 1024,
+        group="safety",
+        rule=COUNT,
+        flag=Flag(help="history kept for the model, bytes"),
+        doc="""Past it, the oldest whole turns are dropped from what the model is sent.""",
+    )
+    capture_content: bool | None = option(
+        None,
+        group="observability",
+        doc="""Every turn, model step and call is a span (``invoke_agent``, ``chat``,
+        ``execute_tool``; OpenTelemetry, through its API: a no-op until the application
+        configures the SDK), with no content (user text, arguments, outputs, messages)
+        unless this is True. None: as ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+        says.""",
+    )
+    metrics: bool = option(
+        False,
+        group="observability",
+        rule=Rule(lambda name, value: bool(value)),
+        flag=Flag(
+            help="serve GET /metrics in Prometheus' text format (needs trio-vrt[metrics]; "
+            "with --workers, each worker answers for itself)"
+        ),
+        doc="""Serve ``GET /metrics`` on the HTTP front, in Prometheus' text format:
+        ``prometheus_client``'s default registry, which the SDK's Prometheus reader fills
+        (``trio-vrt[metrics]``; ``vrt serve --metrics`` installs both). ValueError if
+        ``prometheus_client`` is missing.""",
+    )
+
+    @property
+    def high_water(self) -> int:
+        """Unacked messages at which the model is held: well under the replay bound."""
+        return max(1, min(HIGH_WATER, self.replay_limit * 2 // 5))
+
+    @property
+    def high_water_bytes(self) -> int:
+        """Unacked (or unwritten) bytes at which the model is held: 40 % of the bound."""
+        return max(1, self.replay_limit_bytes * 2 // 5)
+
+
+def make_options(given: Mapping[str, object]) -> Options:
+    """The :class:`Options` of a server from the options ``given`` to it (others are
+    ignored: the caller refuses unknown ones), each checked: ValueError naming the first
     bad one. ``vrt.serve`` and ``vrt.asgi.app`` both build theirs here, so they take the
     same values and refuse the same ones."""
-    if not (isinstance(max_message_size, int) and max_message_size >= MIN_MESSAGE_SIZE):
-        raise ValueError(
-            f"max_message_size must be an integer of at least {MIN_MESSAGE_SIZE}, "
-            f"not {max_message_size!r}"
-        )
-    options = Options(
-        capabilities=tuple(capabilities),
-        max_message_size=max_message_size,
-        resume_window=positive_number("resume_window", resume_window, zero=True),
-        max_sessions=count("max_sessions", max_sessions),
-        max_open_calls=count("max_open_calls", max_open_calls),
-        max_queued_app_calls=count("max_queued_app_calls", max_queued_app_calls),
-        max_messages_per_second=positive_number("max_messages_per_second", max_messages_per_second),
-        replay_limit=count("replay_limit", replay_limit),
-        replay_limit_bytes=count("replay_limit_bytes", replay_limit_bytes),
-        handshake_timeout=positive_number("handshake_timeout", handshake_timeout),
-        max_pending_connections=count("max_pending_connections", max_pending_connections),
-        max_pending_per_peer=count("max_pending_per_peer", max_pending_per_peer),
-        max_sessions_per_peer=count("max_sessions_per_peer", max_sessions_per_peer),
-        first_turn_timeout=positive_number("first_turn_timeout", first_turn_timeout),
-        max_history_bytes=count("max_history_bytes", max_history_bytes),
-        authenticate=authenticate,
-        allowed_origins=None if allowed_origins is None else frozenset(allowed_origins),
-        web_demo=web_demo,
-        metrics=bool(metrics),
-        capture_content=capture_content,
-    )
+    options = checked(Options, given)
     if options.metrics and not metrics_page.available():
         raise ValueError(f"metrics=True serves GET /metrics: {metrics_page.INSTALL_HINT}")
-    if options.replay_limit_bytes < 2 * max_message_size:
+    if options.replay_limit_bytes < 2 * options.max_message_size:
         raise ValueError(
-            f"replay_limit_bytes ({replay_limit_bytes}) must be at least twice "
-            f"max_message_size ({max_message_size}): one frame must fit with room to spare"
+            f"replay_limit_bytes ({options.replay_limit_bytes}) must be at least twice "
+            f"max_message_size ({options.max_message_size}): one frame must fit with room "
+            "to spare"
         )
     return options

@@ -7,4 +7,8 @@ session, across connections; a :class:`~.link.Link` is one connection carrying i
 reader, :class:`~.ratelimit.RateLimit`); :mod:`.frames` turns engine events into vrt/1
 messages. What lets a session move to another process (store, handover, adoption) is
 :mod:`vrt._cluster`'s: the actor calls its session's keeper.
+
+:mod:`.options` declares the options only ``vrt.serve`` takes (TLS, the store) beside those
+of :mod:`vrt._net.options`, and lists what each front takes; :mod:`.option_types` is
+generated from both (the TypedDicts ``vrt.ServerOptions`` and ``vrt.asgi.AppOptions``).
 """

@@ -22,12 +22,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Unpack
 
 import trio
 
 from vrt._client.client import Client
 from vrt._engine.agent import Agent
+from vrt._server.option_types import ServerOptions
 from vrt._server.serve import Server, serve
 from vrt.testing._providers import FakeProvider
 from vrt.testing._proxy import LoopbackProxy
@@ -85,12 +86,13 @@ if pytest is not None:
 
     @pytest.fixture
     def vrt_serve(nursery: trio.Nursery) -> Callable[..., Awaitable[Server]]:
-        """Serve an agent on 127.0.0.1, port 0, in the test's nursery: ``await vrt_serve(agent)``.
+        """Serve an agent on 127.0.0.1, port 0, in the test's nursery: ``await vrt_serve(agent)``,
+        with any of ``vrt.serve``'s options (:class:`vrt.ServerOptions`) as keywords.
 
         Needs pytest-trio (its ``nursery`` fixture).
         """
 
-        async def start(agent: Agent, **options: Any) -> Server:
+        async def start(agent: Agent, **options: Unpack[ServerOptions]) -> Server:
             server: Server = await nursery.start(
                 functools.partial(serve, agent, "127.0.0.1", 0, **options)
             )

@@ -1,0 +1,131 @@
+"""What only ``vrt.serve`` takes (its listeners, TLS, its place among the nodes of a store),
+declared as :mod:`vrt._net.options` declares what every front takes, and the lists of
+options each front takes, read by ``vrt.serve``, ``vrt.asgi.app``, the generated
+TypedDicts (``vrt/_server/option_types.py``) and ``vrt serve``'s flags.
+
+These live here rather than beside :class:`~vrt._net.options.Options` because they name
+the store (``vrt._cluster``), which the plumbing room must not import.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from vrt._cluster.store import Store
+from vrt._net.options import (
+    SECONDS,
+    Flag,
+    Options,
+    Rule,
+    about,
+    checked,
+    make_options,
+    option,
+    refuse_unknown,
+)
+from vrt._net.tls import server_context
+
+
+def _tls(name: str, value: object) -> ssl.SSLContext | None:
+    return None if value is None else server_context(value)
+
+
+@attrs.frozen(kw_only=True)
+class ServeOptions:
+    """What one ``vrt.serve`` was started with besides its :class:`Options`."""
+
+    ssl_context: ssl.SSLContext | None = option(
+        None,
+        group="serving",
+        rule=Rule(_tls),
+        doc="""Serve TLS (``wss://``, and ``https://`` for the HTTP front) with this
+        server-side context (``ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)`` with
+        ``load_cert_chain``; ``vrt serve --certfile F --keyfile F``); :attr:`vrt.Server.url` then
+        says ``wss://``. The TLS handshake is part of the connection's handshake: it counts
+        in ``handshake_timeout`` and in the pool of pending connections, and a peer that
+        fails it (plain HTTP, garbage, a certificate it refuses) is dropped quietly, like a
+        bad upgrade. TypeError if it is not an SSLContext, ValueError if it is a client's or
+        has no certificate. The relays between nodes of a store (``relay_host``) stay plain
+        ``ws://``: they are meant for a private network, like the store's own connection
+        (put them on one, or use ``rediss://`` and a VPN).""",
+    )
+    store: str | Store | None = option(
+        None,
+        group="production",
+        flag=Flag(
+            metavar="URL",
+            help="redis://HOST:PORT[/DB] or valkey://...: where sessions are saved, shared by "
+            "every node (default: none, sessions live in this process)",
+        ),
+        doc="""``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a store
+        object shared by servers of one process (``vrt._cluster.store.MemoryStore``). Each
+        session is saved there at every turn boundary; a resume that reaches another server
+        sharing the store is relayed to the one running the session, or adopts it there
+        once it was handed over (:meth:`vrt.Server.drain`) or its server died (after a lease of
+        5 s: the turn that was running ends ``interrupted``). Records expire with
+        ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if the
+        store does not answer. Without a store, sessions live in this process only.""",
+    )
+    node: str | None = option(
+        None,
+        group="production",
+        flag=Flag(metavar="NAME", help="this process's name in the store (default: host:pid)"),
+        doc="""This server's name in the store and in logs (default ``host:pid``).""",
+    )
+    drain_timeout: float = option(
+        30.0,
+        group="production",
+        rule=SECONDS,
+        flag=Flag(help="seconds a drain waits for a turn before interrupting it"),
+        doc="""Seconds a drain waits for a turn to end before it interrupts it.""",
+    )
+    relay_host: str | None = option(
+        None,
+        group="production",
+        flag=Flag(
+            metavar="HOST",
+            help="the address other nodes reach this one at (default: --host, or this "
+            "machine's address for a wildcard)",
+        ),
+        doc="""The address other servers reach this one at for relayed resumes (a port of
+        its own is opened there; default: ``host``, or this machine's address when ``host``
+        is a wildcard).""",
+    )
+    reuse_port: bool = option(
+        False,
+        group="production",
+        doc="""Listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several processes on
+        one port, the kernel spreading connections across them).""",
+    )
+
+
+SERVE: tuple[attrs.Attribute[Any], ...] = (*attrs.fields(Options), *attrs.fields(ServeOptions))
+"""Every option of ``vrt.serve``, in declaration order."""
+APP: tuple[attrs.Attribute[Any], ...] = tuple(
+    field for field in attrs.fields(Options) if not about(field).serve_only
+)
+"""Every option of ``vrt.asgi.app``: those of :class:`Options` its ASGI server does not
+own."""
+
+
+def serve_options(given: Mapping[str, object]) -> tuple[Options, ServeOptions]:
+    """``vrt.serve``'s options: TypeError for an unknown name, ValueError for a bad value."""
+    refuse_unknown(given, "serve", SERVE)
+    return make_options(given), checked(ServeOptions, given)
+
+
+def app_options(given: Mapping[str, object]) -> Options:
+    """``vrt.asgi.app``'s options: TypeError for an unknown name (or one of
+    ``vrt.serve``'s only), ValueError for a bad value."""
+    refuse_unknown(
+        given,
+        "app",
+        APP,
+        elsewhere=[field.name for field in SERVE],
+        where="vrt.serve's only",
+    )
+    return make_options(given)
