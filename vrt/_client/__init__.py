@@ -1,3 +1,4 @@
-"""The client: :func:`~.dial.connect` opens connections (with resume and backoff), and
-:class:`~.client.Client` pumps the client's protocol core (:mod:`vrt._wire.client`) over
-them, runs app tools and hands events to subscribers."""
+"""The client: :func:`~.dial.connect` opens connections, :class:`~.client.Client` pumps the
+client's protocol core (:mod:`vrt._wire.client`) over them and hands events to
+subscribers, :mod:`.reconnect` is each attempt's handshake and the backoff between them,
+and :mod:`.apptools` runs the app tools the client hosts."""

@@ -9,10 +9,8 @@ tasks (reader, writer, app runner, acks) and runs the app tools. ``vrt.connect``
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -23,36 +21,32 @@ from trio_websocket import (
     HandshakeError,
 )
 
+from vrt._client.apptools import AppTools
+from vrt._client.reconnect import (
+    CLOSE_TIMEOUT,
+    CONNECT_TIMEOUT,
+    HANDOVER_CLOSE,
+    RESUME_TIMEOUT,
+    RETRIED_STATUSES,
+    STABLE_AFTER,
+    Lost,
+    await_welcome,
+    backoff,
+    close_code,
+    too_large,
+)
 from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed, ToolPreview
-from vrt._core.results import ResultCode, ToolResult
-from vrt._engine.context import Signal, ToolContext
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.subscription import Subscription
 from vrt._engine.tools import AppTool
-from vrt._errors import InvalidArguments, RemoteProtocolError, SessionClosed, VrtError
+from vrt._errors import RemoteProtocolError, SessionClosed
 from vrt._net.pumps import AckTimer, patiently, send_frames
 from vrt._wire import messages as m
-from vrt._wire.client import AbortApp, AppCallTicket, ClientProtocol, Welcomed
+from vrt._wire.client import AbortApp, ClientProtocol, Welcomed
 from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
 log = logging.getLogger("vrt.client")
-
-CLOSE_TIMEOUT = 5.0
-"""How long leaving ``vrt.connect`` waits for ``closed``, and then for the connection to end."""
-RESUME_TIMEOUT = 30.0
-"""How long a client tries to resume a lost session (the server's default window)."""
-CONNECT_TIMEOUT = 10.0
-"""How long one connection attempt may take: TCP, TLS, the upgrade and the ``welcome``."""
-STABLE_AFTER = 5.0
-"""A resumed connection that lasts this long ends the resume episode (backoff and
-``resume_timeout`` start afresh at the next loss)."""
-RETRIED_STATUSES = frozenset({"HTTP_502", "HTTP_503", "HTTP_504"})
-"""Upgrades refused with these are tried again (opening and resuming alike): a draining
-server's 503, and a proxy's 502 or 504 while the node behind it restarts."""
-BACKOFF_FIRST = 0.05
-BACKOFF_MAX = 2.0
-"""Reconnect delays: doubling from the first to the max, each with random jitter (50-100 %)."""
 
 Reconnect = Callable[[], AbstractAsyncContextManager[Any]]
 
@@ -79,7 +73,8 @@ class Client:
         self._links_done = trio.Event()
         self._acks = AckTimer()
         self._resume_timeout = resume_timeout
-        self.tools = {tool.name: tool for tool in tools}
+        self.app_tools = AppTools(tools)
+        """The app tools this client hosts, and the one running now."""
         self.proto = self._new_protocol(
             [
                 m.ToolDecl(name=t.name, description=t.description, parameters=t.parameters)
@@ -92,7 +87,6 @@ class Client:
         self._no_previews: set[trio.MemorySendChannel[Event]] = set()
         """Subscribers that asked for no :class:`~vrt.ToolPreview`."""
         self._wake = trio.Event()
-        self._running: tuple[str, trio.CancelScope, Signal] | None = None
         self.closed: Closed | None = None
         """The session's final event, once the server ended it."""
         self._closed = trio.Event()
@@ -214,10 +208,7 @@ class Client:
 
     def _dispatch(self, item: Any) -> None:
         if isinstance(item, AbortApp):
-            running = self._running
-            if running is not None and running[0] == item.call_id:
-                running[2].abort(item.reason)
-                running[1].cancel()
+            self.app_tools.abort(item.call_id, item.reason)
         elif isinstance(item, m.ConfirmRequestMessage):
             self._emit(
                 ConfirmRequest(
@@ -261,35 +252,6 @@ class Client:
 
         return reply
 
-    async def _await_welcome(self, ws: Any) -> RemoteProtocolError | None:
-        """Send the queued hello on ``ws`` and read until ``welcome``; the refusal if the
-        server refused it. Frames after the welcome are left to the reader."""
-        for hello in self.proto.take_outbox():
-            try:
-                await ws.send_message(hello)
-            except ConnectionClosed:
-                raise Lost from None
-        refusal: m.Error | None = None
-        while True:
-            try:
-                frame: Any = await ws.get_message()
-            except ConnectionClosed as exc:
-                if exc.reason is not None and exc.reason.code == 1009:
-                    raise RemoteProtocolError(
-                        "TOO_LARGE", "the server refused the hello as too large (close 1009)"
-                    ) from None
-                raise Lost from None
-            for item in self.proto.receive(frame):
-                if isinstance(item, Welcomed):
-                    return None
-                if isinstance(item, m.Error):
-                    refusal = item
-                elif isinstance(item, Closed):
-                    return RemoteProtocolError(
-                        refusal.code if refusal else "CLOSED",
-                        refusal.message if refusal else f"closed: {item.reason}",
-                    )
-
     async def _links(self, first: Any, *, task_status: trio.TaskStatus[None]) -> None:
         """Open the session on ``first``, then carry it on every connection that resumes it.
 
@@ -326,7 +288,7 @@ class Client:
                                     self.proto.tools, self.proto.offered
                                 )
                             self.proto.hello()
-                            refusal = await self._await_welcome(ws)
+                            refusal = await await_welcome(self.proto, ws)
                             if refusal is not None:
                                 # The server said ``closed``: it closes next. A short wait
                                 # for its close handshake, so the error comes promptly.
@@ -336,7 +298,7 @@ class Client:
                             task_status.started()
                         else:
                             self.proto.resume_hello()
-                            refusal = await self._await_welcome(ws)
+                            refusal = await await_welcome(self.proto, ws)
                             if refusal is not None:
                                 log.info("session %s: resume refused: %s", self.session_id, refusal)
                                 # after our ``close`` the session is gone because it closed
@@ -353,13 +315,13 @@ class Client:
                             # the welcome; on a resume, everything again
                             self._acks.due(self._send_ack)
                         lost = await self._pump(ws)
-                        moved = _close_code(ws) == HANDOVER_CLOSE
+                        moved = close_code(ws) == HANDOVER_CLOSE
                         if trio.current_time() - connected_at >= STABLE_AFTER or moved:
                             # It held: a later loss is a new episode, with a fresh budget.
                             # One that drops at once keeps the backoff and the deadline,
                             # so a server that drops every resume does not loop forever.
                             resume_until, attempt = None, 1
-                        if lost and _too_large(ws):
+                        if lost and too_large(ws):
                             # Resuming would replay the same frame into the same refusal.
                             log.warning(
                                 "session %s: a frame over max_message_size (close 1009): "
@@ -406,8 +368,7 @@ class Client:
                 if resume_until is None:
                     resume_until = now + self._resume_timeout
                 until = resume_until
-            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, attempt - 1))
-            delay *= random.uniform(0.5, 1.0)
+            delay = backoff(attempt)
             if moved:  # 1012 (handover-v1): "resume now, elsewhere": no backoff
                 delay, moved = 0.0, False
             can_retry = reconnect is not None and (self._resume or self.proto.session_id is None)
@@ -492,48 +453,9 @@ class Client:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 continue
-            result = await self._run(ticket)
+            result = await self.app_tools.run(ticket)
             if self.proto.answer(ticket.call_id, result):
                 self._flush()
-
-    async def _run(self, ticket: AppCallTicket) -> ToolResult:
-        tool = self.tools.get(ticket.name)
-        if tool is None:
-            return ToolResult.failure(
-                ResultCode.FAILED, f"the app does not host a tool named {ticket.name!r}"
-            )
-        signal = Signal()
-        scope = trio.CancelScope()
-        self._running = (ticket.call_id, scope, signal)
-        ctx = ToolContext(
-            call_id=ticket.call_id,
-            turn_id=ticket.turn_id,
-            epoch=ticket.epoch,
-            name=ticket.name,
-            signal=signal,
-            progress=_no_progress,
-        )
-        try:
-            with scope:
-                output = await tool.run(ticket.arguments, ctx)
-                try:
-                    json.dumps(output, allow_nan=False)
-                except (TypeError, ValueError) as exc:
-                    return ToolResult.failure(
-                        ResultCode.FAILED, f"output is not JSON-serialisable: {exc}"
-                    )
-                return ToolResult.success(output)
-            return ToolResult.failure(ResultCode.INTERRUPTED, "aborted")  # never sent
-        except InvalidArguments as exc:
-            return ToolResult.failure(ResultCode.INVALID, str(exc))
-        except Exception as exc:
-            log.exception("app tool %r raised (call %s)", ticket.name, ticket.call_id)
-            text = str(exc)
-            return ToolResult.failure(
-                ResultCode.FAILED, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-            )
-        finally:
-            self._running = None
 
     async def _say_close(self) -> None:
         """Send ``close`` (once) and wait for the server's ``closed``."""
@@ -561,10 +483,6 @@ class Client:
             self._dispatch(Closed(reason="client"))
 
 
-def _no_progress(progress: Any) -> None:
-    raise VrtError("ctx.emit is for server tools: the wire carries no progress for app tools")
-
-
 @asynccontextmanager
 async def open_client(
     ws: Any,
@@ -584,9 +502,6 @@ async def open_client(
     factory); without it, or with ``resume=False``, a lost connection ends the session
     (``Closed("lost")``).
     """
-    for tool in tools:
-        if not isinstance(tool, AppTool):
-            raise TypeError(f"tools must be vrt.AppTool, not {tool!r}")
     if ws is None and reconnect is None:
         raise TypeError("open_client needs a connection or a way to open one")
     client = Client(
@@ -610,23 +525,3 @@ async def open_client(
                     await client._leave()
                 finally:
                     nursery.cancel_scope.cancel()
-
-
-def _too_large(ws: Any) -> bool:
-    """Whether ``ws`` was closed for a frame over a side's limit (1009, either side)."""
-    return _close_code(ws) == 1009
-
-
-def _close_code(ws: Any) -> int | None:
-    """The code ``ws`` was closed with, once closed."""
-    closed = getattr(ws, "closed", None)
-    code = getattr(closed, "code", None) if closed is not None else None
-    return code if isinstance(code, int) else None
-
-
-HANDOVER_CLOSE = 1012
-"""The server handed the session over (``handover-v1``): resume at once, elsewhere."""
-
-
-class Lost(Exception):
-    """The connection closed during a handshake."""

@@ -23,14 +23,8 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from vrt._client.client import (
-    CLOSE_TIMEOUT,
-    CONNECT_TIMEOUT,
-    RESUME_TIMEOUT,
-    Client,
-    Lost,
-    open_client,
-)
+from vrt._client.client import Client, open_client
+from vrt._client.reconnect import CLOSE_TIMEOUT, CONNECT_TIMEOUT, RESUME_TIMEOUT, Lost
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.tools import AppTool
 from vrt._errors import RemoteProtocolError
