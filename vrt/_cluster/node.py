@@ -72,6 +72,10 @@ class Node:
         self.sessions: set[str] = set()
         """The sessions this node owns (their records are kept from expiring)."""
         self.draining = False
+        self.adopting: dict[str, trio.Event] = {}
+        """Sessions being adopted here now (a second resume of one waits for it)."""
+        self.relayed: set[Any] = set()
+        """Client connections this node relays to another (closed with 1012 by a drain)."""
         self._stopped = False
 
     @property

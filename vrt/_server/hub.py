@@ -9,6 +9,7 @@ hub's nursery, so a session outlives its connections while it can be resumed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import logging
 import secrets
@@ -20,8 +21,9 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from vrt._cluster.keeper import adopted_protocol
-from vrt._cluster.node import Adopt, Here, Node, RelayTo
-from vrt._cluster.relay import HANDOVER_CLOSE, Parked, Unreachable, relay
+from vrt._cluster.node import Adopt, Node
+from vrt._cluster.relay import HANDOVER_CLOSE
+from vrt._cluster.resume import Relayed, resume_elsewhere
 from vrt._cluster.store import StoreError
 from vrt._engine import telemetry
 from vrt._engine.agent import Agent
@@ -31,7 +33,6 @@ from vrt._net.pumps import AckTimer
 from vrt._net.upgrade import RELAY_HEADER, HandshakeRequest, open_to_messages, upgrade
 from vrt._server.actor import SessionActor
 from vrt._server.link import send_and_close
-from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.server import ServerProtocol
 
@@ -60,10 +61,6 @@ class Hub:
         self.draining = False
         """New sessions are refused (503) and every session moves at its next boundary."""
         self._emptied: trio.Event | None = None  # set when the last session leaves a drain
-        self.adopting: dict[str, trio.Event] = {}
-        """Sessions being adopted here now (a second resume of one waits for it)."""
-        self.relayed: set[Any] = set()
-        """Client connections this node relays to another (closed with 1012 by a drain)."""
         self.options = options
         self.nursery = nursery
         self.accepting = accepting or Accepting(
@@ -295,11 +292,23 @@ class Hub:
             proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
             await send_and_close(ws, proto.take_outbox())
             return
+        found: SessionActor | Relayed | None = None
         try:
             with trio.CancelScope() as gone:
                 if stream is not None:  # the client left: stop looking for its session
                     stream.on_close = gone.cancel
-                actor = await self._adopt_or_relay(ws, hello, principal, peer, request)
+                found = await resume_elsewhere(
+                    self.node,
+                    ws,
+                    hello,
+                    principal,
+                    request,
+                    here=functools.partial(self._resumed_here, hello, principal),
+                    adopt=functools.partial(
+                        self._adopt, hello=hello, principal=principal, peer=peer
+                    ),
+                    max_message_size=self.options.max_message_size,
+                )
             if stream is not None:
                 stream.on_close = None
             if gone.cancelled_caught:
@@ -311,77 +320,23 @@ class Hub:
             log.warning("session %s: cannot resume now: %s", hello.resume.session_id, exc)
             await send_and_close(ws, [], 1011)
             return
-        if actor is None:
+        if found is None:
             telemetry.refused("resume")
             proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
             await send_and_close(ws, proto.take_outbox())
             return
-        if actor is not _RELAYED:
-            await actor.carry(ws, stream)
+        if isinstance(found, SessionActor):
+            await found.carry(ws, stream)
 
-    async def _adopt_or_relay(
-        self,
-        ws: Any,
-        hello: m.Hello,
-        principal: Any,
-        peer: Any,
-        request: HandshakeRequest | None,
-    ) -> Any:
-        """A session this node does not run: the adopted actor (resumed), :data:`_RELAYED`
-        once a relay to its owner ended, or None (refused)."""
-        node = self.node
-        assert node is not None
-        assert hello.resume is not None
-        session_id = hello.resume.session_id
-        for _ in range(3):  # a relay that finds the owner gone or parking: look again
-            found = None if session_id in self.adopting else await node.locate(hello, principal)
-            if session_id in self.adopting or isinstance(found, Here):
-                # Another connection of it is adopting it here (an attempt the client gave
-                # up on, still at work): once it is done, this newer one takes over.
-                adopting = self.adopting.get(session_id)
-                if adopting is not None:
-                    with trio.move_on_after(5):
-                        await adopting.wait()
-                actor = self._matching(hello, principal)
-                if actor is None:
-                    return None
-                actor.resume(hello)
-                return actor
-            if found is None:
-                log.info("refused a resume (unknown to the store, or token or principal)")
-                return None
-            if isinstance(found, Adopt):
-                done = self.adopting[session_id] = trio.Event()
-                try:
-                    with trio.CancelScope(shield=True):  # claimed: it must be hosted now
-                        return await self._adopt(found, hello, principal, peer)
-                finally:
-                    del self.adopting[session_id]
-                    done.set()
-            assert isinstance(found, RelayTo)
-            self.relayed.add(ws)
-            try:
-                outcome = await relay(
-                    ws,
-                    found.address,
-                    request,
-                    codec.encode(hello),
-                    node.name,
-                    max_message_size=self.options.max_message_size,
-                )
-            except Unreachable as exc:
-                log.info("session %s: %s", hello.resume.session_id, exc)
-                await node.wait_for_lease(found.owner)
-                continue
-            finally:
-                self.relayed.discard(ws)
-            if isinstance(outcome, Parked):
-                continue
-            return _RELAYED
-        return None
+    def _resumed_here(self, hello: m.Hello, principal: Any) -> SessionActor | None:
+        """The session ``hello`` resumes, if it runs here by now: resumed."""
+        actor = self._matching(hello, principal)
+        if actor is not None:
+            actor.resume(hello)
+        return actor
 
     async def _adopt(
-        self, found: Adopt, hello: m.Hello, principal: Any, peer: Any
+        self, found: Adopt, *, hello: m.Hello, principal: Any, peer: Any
     ) -> SessionActor | None:
         """Host the session ``found`` in the store, resumed by ``hello``; None if its
         client's lastSeq does not fit what was saved."""
@@ -432,9 +387,10 @@ class Hub:
                         await self._emptied.wait()
         # The connections relayed through this node to others: their clients resume at
         # once, and reach the node running their session some other way.
-        for ws in list(self.relayed):
+        relayed = self.node.relayed if self.node is not None else set()
+        for ws in list(relayed):
             self.nursery.start_soon(send_and_close, ws, [], HANDOVER_CLOSE)
-        if self.relayed:
+        if relayed:
             await trio.sleep(0.2)
 
     def _matching(self, hello: m.Hello, principal: Any) -> SessionActor | None:
@@ -458,8 +414,6 @@ class Hub:
 
 
 _DECOY_TOKEN = secrets.token_urlsafe(32)  # compared against when the session is unknown
-_RELAYED: Any = object()
-"""What :meth:`Hub._adopt_or_relay` returns once it relayed the connection to its end."""
 
 
 async def _handshake(ws: Any, proto: ServerProtocol) -> m.Hello | None:

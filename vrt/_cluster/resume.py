@@ -1,0 +1,102 @@
+"""A resume that reaches a node whose session it is not (``handover-v1``).
+
+Any node takes any resume, behind a load balancer without affinity. When the session is not
+here, :func:`resume_elsewhere` asks the store where it is (:meth:`Node.locate
+<vrt._cluster.node.Node.locate>`) and follows the answer: relay the connection to the live
+node that runs it (:func:`~vrt._cluster.relay.relay`), adopt it here (handed over, or its
+node dead), or refuse it. The server gives the two things only it can do as callbacks:
+take a session it runs now, and host an adopted one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from vrt._cluster.node import Adopt, Here, Node, RelayTo
+from vrt._cluster.relay import Parked, Unreachable, relay
+from vrt._net.upgrade import HandshakeRequest
+from vrt._wire import codec
+from vrt._wire import messages as m
+
+log = logging.getLogger("vrt.server")
+
+A = TypeVar("A")
+
+
+class Relayed:
+    """What :func:`resume_elsewhere` returns once it relayed the connection to its end."""
+
+
+RELAYED = Relayed()
+ADOPTION_WAIT = 5.0
+"""Seconds a second resume of a session waits for another connection's adoption of it."""
+ATTEMPTS = 3
+"""Times a resume looks again when the owner it relays to is gone or parking its session."""
+
+
+async def resume_elsewhere(
+    node: Node,
+    ws: Any,
+    hello: m.Hello,
+    principal: Any,
+    request: HandshakeRequest | None,
+    *,
+    here: Callable[[], A | None],
+    adopt: Callable[[Adopt], Awaitable[A | None]],
+    max_message_size: int,
+) -> A | Relayed | None:
+    """Carry the resume ``hello`` on ``ws`` to its session, which this node does not run:
+    the session adopted here (``adopt``'s, resumed), :data:`RELAYED` once a relay to its
+    owner ended, or None (refused: unknown, expired, another token or principal, or its
+    client's lastSeq does not fit). ``here`` takes the session if it runs here by now
+    (another connection adopted it meanwhile). :class:`~vrt._cluster.store.StoreError`
+    if the store fails."""
+    assert hello.resume is not None
+    session_id = hello.resume.session_id
+    for _ in range(ATTEMPTS):  # a relay that finds the owner gone or parking: look again
+        adopting = node.adopting.get(session_id)
+        found = None if adopting is not None else await node.locate(hello, principal)
+        if adopting is not None or isinstance(found, Here):
+            # Another connection of it is adopting it here (an attempt the client gave
+            # up on, still at work): once it is done, this newer one takes over.
+            adopting = node.adopting.get(session_id)
+            if adopting is not None:
+                with trio.move_on_after(ADOPTION_WAIT):
+                    await adopting.wait()
+            return here()
+        if found is None:
+            log.info("refused a resume (unknown to the store, or token or principal)")
+            return None
+        if isinstance(found, Adopt):
+            done = node.adopting[session_id] = trio.Event()
+            try:
+                with trio.CancelScope(shield=True):  # claimed: it must be hosted now
+                    return await adopt(found)
+            finally:
+                del node.adopting[session_id]
+                done.set()
+        assert isinstance(found, RelayTo)
+        node.relayed.add(ws)
+        try:
+            outcome = await relay(
+                ws,
+                found.address,
+                request,
+                codec.encode(hello),
+                node.name,
+                max_message_size=max_message_size,
+            )
+        except Unreachable as exc:
+            log.info("session %s: %s", session_id, exc)
+            await node.wait_for_lease(found.owner)
+            continue
+        finally:
+            node.relayed.discard(ws)
+        if isinstance(outcome, Parked):
+            continue
+        return RELAYED
+    return None
