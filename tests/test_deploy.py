@@ -23,7 +23,8 @@ import vrt
 from tests import servers
 from tests.conftest import Log, until
 from tests.servers import free_port, haproxy, redis_server
-from vrt._cluster.store import RedisStore, open_store
+from vrt._cluster.redis import RedisStore
+from vrt._cluster.store import open_store
 from vrt.testing import LoopbackProxy
 
 pytestmark = pytest.mark.network

@@ -10,7 +10,8 @@ import pytest
 import trio
 
 from tests.servers import free_port, redis_server
-from vrt._cluster.store import MemoryStore, RedisStore, Saved, Store, StoreError, open_store
+from vrt._cluster.redis import RedisStore
+from vrt._cluster.store import MemoryStore, Saved, Store, StoreError, open_store
 
 
 @pytest.fixture(scope="module")

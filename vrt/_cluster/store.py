@@ -1,9 +1,9 @@
 """The shared store: where a session's saved state waits for the process that goes on with it.
 
-A port of the transport (DESIGN.md, "Serving in production"): :class:`RedisStore` on
-valkey-glide for ``redis://`` and ``valkey://`` URLs, and :class:`MemoryStore`, the same
-rules over a dict, for one process and for tests on Trio's clock. Both hold two kinds of
-record:
+A port of the transport (DESIGN.md, "Serving in production"):
+:class:`~vrt._cluster.redis.RedisStore` on valkey-glide for ``redis://`` and ``valkey://``
+URLs (:mod:`vrt._cluster.redis`), and :class:`MemoryStore`, the same rules over a dict,
+for one process and for tests on Trio's clock. Both hold two kinds of record:
 
 - a **session**: its saved state and its history (opaque bytes: :mod:`vrt._cluster.record`
   writes and reads them; the history one record an item, appended and trimmed at its
@@ -22,9 +22,8 @@ Every call has a deadline (``timeout``); a store that does not answer in time ra
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -104,7 +103,7 @@ class Store(Protocol):
 
 def open_store(url: str, *, timeout: float = TIMEOUT) -> Store:
     """The store a ``--store`` URL names: ``redis://HOST:PORT[/DB]``, ``valkey://...``
-    (valkey-glide; connected by :meth:`RedisStore.connect`), or ``memory://`` (this
+    (valkey-glide; connected by ``RedisStore.connect``), or ``memory://`` (this
     process only). ValueError for anything else."""
     parts = urlsplit(url)
     if parts.scheme == "memory":
@@ -122,6 +121,8 @@ def open_store(url: str, *, timeout: float = TIMEOUT) -> Store:
     db = parts.path.strip("/")
     if db and not db.isdigit():
         raise ValueError(f"the store URL's database must be a number, not {db!r}")
+    from vrt._cluster.redis import RedisStore  # here: that module imports this one
+
     return RedisStore(
         host=parts.hostname,
         port=port,
@@ -133,11 +134,13 @@ def open_store(url: str, *, timeout: float = TIMEOUT) -> Store:
     )
 
 
-def _session_key(session_id: str) -> str:
+def session_key(session_id: str) -> str:
+    """A session's record's key."""
     return f"{KEY_PREFIX}session:{session_id}"
 
 
-def _node_key(node: str) -> str:
+def node_key(node: str) -> str:
+    """A node's lease's key."""
     return f"{KEY_PREFIX}node:{node}"
 
 
@@ -237,230 +240,3 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
-
-
-# -- Redis / Valkey ------------------------------------------------------------------------------
-
-# Each change is one script: atomic on the server, one round trip. KEYS[1] is the
-# session's hash (owner, state), KEYS[2] its history (a list, an item each).
-_SAVE = """
-local found = redis.call('HMGET', KEYS[1], 'owner', 'front')
-if found[1] and found[1] ~= ARGV[1] then return 0 end
-if not found[1] then redis.call('DEL', KEYS[2]) end
-local front, first = tonumber(ARGV[5]), tonumber(ARGV[6])
-local at = tonumber(found[2] or ARGV[5])
-local stored = redis.call('LLEN', KEYS[2])
-local stop = at + stored
-if front > at and stop < front then stop = front end
-if first > stop then return redis.error_reply('history items missing before ' .. first) end
-if front > at then
-  redis.call('LTRIM', KEYS[2], front - at, -1)
-  at = front
-end
-for i = 7 + stop - first, #ARGV, 500 do
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'state', ARGV[3], 'front', at)
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return 1
-"""
-_LOAD = """
-local found = redis.call('HMGET', KEYS[1], 'owner', 'state', 'front')
-if not found[2] then return false end
-return {found[1] or '', found[2], redis.call('LRANGE', KEYS[2], 0, -1), found[3] or '0'}
-"""
-_CLAIM = """
-local found = redis.call('HMGET', KEYS[1], 'owner', 'state', 'front')
-if not found[2] or (found[1] or '') ~= ARGV[1] then return false end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2])
-return {ARGV[2], found[2], redis.call('LRANGE', KEYS[2], 0, -1), found[3] or '0'}
-"""
-_DELETE = """
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1], KEYS[2]) end
-return 1
-"""
-
-
-class RedisStore:
-    """The store on Redis or Valkey, through valkey-glide's async client (which runs under
-    Trio through anyio). One multiplexed connection per process; it reconnects by itself.
-    """
-
-    def __init__(
-        self,
-        *,
-        host: str,
-        port: int,
-        database: int = 0,
-        tls: bool = False,
-        username: str | None = None,
-        password: str | None = None,
-        timeout: float = TIMEOUT,
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.database = database
-        self.tls = tls
-        self._username = username
-        self._password = password
-        self.timeout = timeout
-        self._client: Any = None
-        self._scripts: dict[str, Any] = {}
-
-    def __repr__(self) -> str:  # never the password
-        return f"<RedisStore {self.host}:{self.port}/{self.database}>"
-
-    async def connect(self) -> None:
-        """Connect (within the timeout), or raise :class:`StoreError`."""
-        try:
-            from glide import (
-                GlideClient,
-                GlideClientConfiguration,
-                NodeAddress,
-                ServerCredentials,
-            )
-        except ImportError:  # pragma: no cover - a dependency of trio-vrt
-            raise StoreError("valkey-glide is not installed") from None
-        credentials = (
-            ServerCredentials(password=self._password, username=self._username)
-            if self._password is not None
-            else None
-        )
-        config = GlideClientConfiguration(
-            [NodeAddress(self.host, self.port)],
-            use_tls=self.tls,
-            credentials=credentials,
-            database_id=self.database,
-            request_timeout=int(self.timeout * 1000),
-            client_name="trio-vrt",
-        )
-        with trio.move_on_after(self.timeout + 1.0) as scope:
-            try:
-                self._client = await GlideClient.create(config)
-            except Exception as exc:
-                raise StoreError(
-                    f"cannot connect to the store at {self.host}:{self.port}: {_short(exc)}"
-                ) from None
-        if scope.cancelled_caught:
-            raise StoreError(f"the store at {self.host}:{self.port} did not answer in time")
-
-    async def _call(self, name: str, *args: Any) -> Any:
-        if self._client is None:
-            raise StoreError("the store is not connected")
-        with trio.move_on_after(self.timeout + 0.5) as scope:
-            try:
-                return await getattr(self._client, name)(*args)
-            except Exception as exc:
-                raise StoreError(f"the store failed ({name}): {_short(exc)}") from None
-        assert scope.cancelled_caught
-        raise StoreError(f"the store did not answer within {self.timeout:g} s ({name})")
-
-    async def _script(self, code: str, keys: list[str], args: list[Any]) -> Any:
-        from glide import Script
-
-        script = self._scripts.get(code)
-        if script is None:
-            script = self._scripts[code] = Script(code)  # type: ignore[no-untyped-call]
-        if self._client is None:
-            raise StoreError("the store is not connected")
-        with trio.move_on_after(self.timeout + 0.5) as scope:
-            try:
-                return await self._client.invoke_script(script, keys=keys, args=args)
-            except Exception as exc:
-                raise StoreError(f"the store failed (a script): {_short(exc)}") from None
-        assert scope.cancelled_caught
-        raise StoreError(f"the store did not answer within {self.timeout:g} s")
-
-    async def heartbeat(self, node: str, address: str, ttl: float) -> None:
-        from glide import ExpirySet, ExpiryType
-
-        await self._call(
-            "set", _node_key(node), address, None, ExpirySet(ExpiryType.MILLSEC, _ms(ttl))
-        )
-
-    async def node_address(self, node: str) -> str | None:
-        found = await self._call("get", _node_key(node))
-        return None if found is None else bytes(found).decode()
-
-    async def forget_node(self, node: str) -> None:
-        await self._call("delete", [_node_key(node)])
-
-    async def save(
-        self,
-        session_id: str,
-        node: str,
-        owner: str,
-        state: bytes,
-        ttl: float,
-        *,
-        front: int = 0,
-        first: int = 0,
-        items: Sequence[bytes] = (),
-    ) -> bool:
-        done = await self._script(
-            _SAVE,
-            _keys(session_id),
-            [node, owner, state, str(_ms(ttl)), str(front), str(first), *items],
-        )
-        return bool(done)
-
-    async def load(self, session_id: str) -> Saved | None:
-        return _saved(await self._script(_LOAD, _keys(session_id), []))
-
-    async def claim(self, session_id: str, expected: str, node: str) -> Saved | None:
-        return _saved(await self._script(_CLAIM, _keys(session_id), [expected, node]))
-
-    async def delete(self, session_id: str, node: str) -> None:
-        await self._script(_DELETE, _keys(session_id), [node])
-
-    async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
-        from glide import Batch
-
-        ids = list(session_ids)
-        ms = _ms(ttl)
-        for start in range(0, len(ids), 250):  # one round trip per 250 sessions
-            batch = Batch(is_atomic=False)
-            for session_id in ids[start : start + 250]:
-                for key in _keys(session_id):
-                    batch.pexpire(key, ms)
-            await self._call("exec", batch, False)
-
-    async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with trio.move_on_after(self.timeout) as scope:
-                scope.shield = True
-                try:
-                    await client.close()
-                except Exception:  # closing: nothing left to tell anyone
-                    pass
-
-
-def _keys(session_id: str) -> list[str]:
-    """A session's two keys: its hash (``vrt:session:ID``), its history list
-    (``vrt:history:ID``). One script uses both: a single Redis or Valkey node, or a
-    cluster's one shard (no hash tags yet)."""
-    return [_session_key(session_id), f"{KEY_PREFIX}history:{session_id}"]
-
-
-def _saved(found: Any) -> Saved | None:
-    """A load or claim script's answer as a record."""
-    if not found:
-        return None
-    owner, state, history, front = found
-    return Saved(
-        owner=bytes(owner).decode(),
-        state=bytes(state),
-        history=tuple(bytes(item) for item in history),
-        front=int(front),
-    )
-
-
-def _ms(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1000))
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."

@@ -18,7 +18,8 @@ import attrs
 import trio
 
 from vrt._cluster.node import Node, default_name
-from vrt._cluster.store import RedisStore, open_store
+from vrt._cluster.redis import RedisStore
+from vrt._cluster.store import open_store
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, Pending, accept_loop
 from vrt._net.options import with_options
