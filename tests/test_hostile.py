@@ -33,7 +33,7 @@ import trio
 import vrt
 from tests.servers import vrt_serve
 from tests.test_wire_errors import chat_agent, connected, serving, session
-from vrt._server import actor as _actor
+from vrt._server import pace as _pace
 from vrt.testing import LoopbackProxy
 
 pytestmark = [pytest.mark.network, pytest.mark.usefixtures("no_errors")]
@@ -645,7 +645,7 @@ async def test_a_blind_acking_client_holds_a_few_megabytes_and_is_closed(
     never closed. Now the backlog counts in bytes: the model is held at 40 % of
     replay_limit_bytes, the blind acks do not count as progress, and the session closes
     (overflow) with its socket reset."""
-    monkeypatch.setattr(_actor, "STALL_TIMEOUT", 1.0)
+    monkeypatch.setattr(_pace, "STALL_TIMEOUT", 1.0)
     agent = vrt.define_agent(model=Long())
     async with serving(agent) as server:
         stream = await raw_upgraded(server.port)
@@ -676,7 +676,7 @@ async def test_an_overflowed_connection_is_reset_at_once(monkeypatch: pytest.Mon
     """Probes a07 and a23: after an overflow close the blocked writer kept the TCP
     connection, its fd and ~5 MB of queued frames for as long as the peer kept the socket
     (40 zombies past max_sessions 20, RSS 44 -> 240 MB)."""
-    monkeypatch.setattr(_actor, "STALL_TIMEOUT", 0.5)
+    monkeypatch.setattr(_pace, "STALL_TIMEOUT", 0.5)
     agent = vrt.define_agent(model=Long())
     async with serving(agent, max_sessions=2) as server:
         before = open_fds()

@@ -39,6 +39,7 @@ from vrt._net.pumps import cancelled
 from vrt._server.appcalls import AppCalls
 from vrt._server.frames import messages_of
 from vrt._server.link import Link, send_and_close
+from vrt._server.pace import Pace
 from vrt._server.ratelimit import RateLimit
 from vrt._server.turns import Turns
 from vrt._wire import messages as m
@@ -51,9 +52,6 @@ if TYPE_CHECKING:
     from vrt._server.hub import Hub
 
 log = logging.getLogger("vrt.server")
-
-STALL_TIMEOUT = 30.0
-"""A connected client held at the high water mark this long without acking is closed."""
 
 
 class SessionActor:
@@ -100,8 +98,9 @@ class SessionActor:
         """The actor's: the session's turns run here, and cancelling it ends the session."""
         self.turns = Turns(self.movement, self.keeper)
         """The turns the client asks for, one at a time while the session is here."""
+        self.pace = Pace(self)
+        """Holds the model while the client is far behind."""
         # Made when someone waits on them (idle sessions are many: each object counts).
-        self._acked: trio.Event | None = None
         self._attached: trio.Event | None = None
         self._detached: trio.Event | None = None
         self._previews = Previews()
@@ -134,12 +133,12 @@ class SessionActor:
             for frame in frames:
                 link.send(frame)
             if link.backlog > self.options.replay_limit_bytes and proto.in_session:
-                self._overflow(f"{link.backlog} bytes the client has not read")
+                self.overflow(f"{link.backlog} bytes the client has not read")
                 return
         if proto.overflowed and proto.in_session:
-            self._overflow("the replay buffer is full", stuck=False)
+            self.overflow("the replay buffer is full", stuck=False)
 
-    def _overflow(self, why: str, *, stuck: bool = True) -> None:
+    def overflow(self, why: str, *, stuck: bool = True) -> None:
         """Close the session (``overflow``). A connection stuck behind frames the client
         does not read is dropped at once (its socket holds what it did not read); one that
         still drains (``stuck=False`` and little backlog) takes ``closed`` like any other
@@ -151,17 +150,6 @@ class SessionActor:
             self.link = None
             link.abort()
         self.end("overflow")
-
-    def written(self) -> None:
-        """The writer sent a frame: a model held for the backlog may go on."""
-        if self._acked is not None and self._draining():
-            _set(self._acked)
-
-    def _draining(self) -> bool:
-        """Whether the current connection's backlog is under the high water mark: a client
-        that acks what it never read (its socket full) is not making progress."""
-        link = self.link
-        return link is None or link.backlog <= self.options.high_water_bytes
 
     # -- the session's life (in the hub's nursery) ----------------------------------------------
 
@@ -239,7 +227,7 @@ class SessionActor:
             self.turns.turned = restored.turned
         session.run_in(nursery)
         self.turns.run_in(session, nursery)
-        session.pace = self._pace
+        session.pace = self.pace.wait
         session.max_open_calls = self.options.max_open_calls
         session.max_queued_app_calls = self.options.max_queued_app_calls
         # Every frame that carries them must fit the client's limit (vrt.connect's default
@@ -296,7 +284,7 @@ class SessionActor:
         self.proto.resume(hello, session.epoch if session is not None else 0)
         self._drop_link()
         _set(self._attached)
-        _set(self._acked)  # the pace check looks again
+        self.pace.look_again()
 
     async def carry(self, ws: Any, stream: GuardedStream | None = None) -> None:
         """Carry the session on ``ws`` (over ``stream``, if it has a TCP stream of its own)
@@ -357,8 +345,8 @@ class SessionActor:
         self.flush()
         if proto.ack_due:
             self.hub.acks.due(self._send_ack)
-        if proto.acked_by_peer != acked and self._draining():
-            _set(self._acked)  # acks wake a held model only while the writer makes headway
+        if proto.acked_by_peer != acked:
+            self.pace.acked()
         if proto.state == "closed":  # the client's ``close``
             self.end("client")
 
@@ -376,39 +364,6 @@ class SessionActor:
         """Over the message rate for too long: the session is closed (``server``)."""
         log.info("session %s closed: over its message rate for too long", self.log_id)
         self.end("server")
-
-    async def _pace(self) -> None:
-        """Hold the model while the client is far behind (or detached): unacked messages
-        over the high water mark, or unacked or unwritten bytes over 40 % of
-        ``replay_limit_bytes``.
-
-        A connected client that makes no progress for STALL_TIMEOUT seconds while held (no
-        ack, or acks while the frames pile up unread: it acks blindly) has stopped
-        reading: the session closes with ``overflow`` (it could never catch up within the
-        buffer). A detached one is waited
-        for until the resume window ends.
-        """
-        proto = self.proto
-        while self._behind() and proto.state != "closed":
-            self._acked = trio.Event()
-            if proto.state == "detached":
-                await self._acked.wait()
-                continue
-            with trio.move_on_after(STALL_TIMEOUT):
-                await self._acked.wait()
-                continue
-            self._overflow(f"no progress for {STALL_TIMEOUT:g} s while held")
-            await trio.lowlevel.checkpoint()
-
-    def _behind(self) -> bool:
-        proto = self.proto
-        options = self.options
-        link = self.link
-        return (
-            proto.sent_seq - proto.acked_by_peer > options.high_water
-            or proto.replay_bytes > options.high_water_bytes
-            or (link is not None and link.backlog > options.high_water_bytes)
-        )
 
     def _send_ack(self) -> None:
         if self.proto.send_ack():  # nothing once closed: the timer may call late

@@ -80,7 +80,7 @@ class Link:
 
     def _sent(self, frame: str) -> None:
         self.backlog -= len(frame)
-        self.actor.written()
+        self.actor.pace.written()
 
     def finish(self, code: int = 1000) -> None:
         """No more frames: the writer sends what it has, then closes the connection with
