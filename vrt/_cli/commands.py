@@ -407,7 +407,7 @@ def _serve_until_interrupted(
         nonlocal drained
         # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
         # KeyboardInterrupt delivery, which after an HTTP-refused upgrade sometimes never
-        # reached the main task (the process hung; see the README's known limits).
+        # reached the main task (the process hung).
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 done = trio.Event()

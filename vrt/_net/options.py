@@ -1,5 +1,5 @@
-"""The server's safety options and their defaults (see ``vrt.serve`` and the README's
-"Running the server safely")."""
+"""The server's safety options and their defaults (see ``vrt.serve`` and "Serve safely" in
+the documentation)."""
 
 from __future__ import annotations
 

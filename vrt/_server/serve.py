@@ -134,7 +134,7 @@ async def serve(
     store (``relay_host``) stay plain ``ws://``: they are meant for a private network,
     like the store's own connection (put them on one, or use ``rediss://`` and a VPN).
 
-    Safety (each has a default; see the README's "Running the server safely"):
+    Safety (each has a default; see "Serve safely" in the documentation):
 
     - ``handshake_timeout`` (10 s): from the TCP accept to a valid ``hello`` (the HTTP
       upgrade, ``authenticate`` and the hello); a peer slower than that is cut off.
@@ -185,7 +185,7 @@ async def serve(
       cookies to open a session. Requests without ``Origin`` (not a browser) pass.
 
     Observability (OpenTelemetry, through its API: a no-op until the application configures
-    the SDK; see the README's "Traces and metrics"):
+    the SDK; see "Traces and metrics" in the documentation):
 
     - Every turn, model step and call is a span (``invoke_agent``, ``chat``,
       ``execute_tool``), with no content (user text, arguments, outputs, messages) unless
