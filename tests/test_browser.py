@@ -400,10 +400,11 @@ def test_a_page_of_another_origin_imports_the_client(browser: Any, server: str) 
 
 
 def test_the_web_demo_page_completes_its_script(browser: Any) -> None:
-    """``vrt demo --web``: the page hosts the demo's app tools, answers its confirmations
-    and interrupts the last turn while the map draws, with no console error (no 404 for
-    its icon either: a fresh context, so nothing cached); the agent's text of two model
-    steps reads with a space between them, and progress reads as words, not JSON."""
+    """``vrt demo --web``: the page says what it is and what to try; it hosts the demo's
+    app tools, answers its confirmations and interrupts the last turn while the map draws,
+    with no console error (no 404 for its icon either: a fresh context, so nothing cached);
+    the agent's text of two model steps reads with a space between them, and progress
+    reads as words, not JSON."""
     with serving("", ("demo", "--web", "--port", "0", "--fast")) as url:
         context = browser.new_context()
         page = context.new_page()
@@ -432,6 +433,7 @@ def test_the_web_demo_page_completes_its_script(browser: Any) -> None:
     ]  # fmt: skip
     assert got["runs"][-1]["outcome"] == "aborted (interrupted)"
     assert "REJECTED" in text and "INVALID" in text  # the denied insurance, the bad seat
+    assert "whatever you type" in text and "Try:" in text  # the page says what it is
     assert "Let me look for flights. I found 3 flights" in transcript
     assert not re.search(r"[.?!;][A-Za-z]", transcript), transcript  # no step runs on
     assert "checked Norwegian, 3 of 3" in reports and "paying 189 EUR" in reports

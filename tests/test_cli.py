@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -482,3 +483,46 @@ async def test_vrt_serve_logs_connections_and_sessions() -> None:
     for expected in ("INFO vrt.server: serving on", "connection from 127.0.0.1", "opened for"):
         assert expected in log, log
     assert "ended (client)" in log, log
+
+
+@pytest.mark.parametrize(
+    ("command", "demo"),
+    [(("demo", "--web"), True), (("serve", "tests.serve_agent:agent", "--web"), False)],
+)
+async def test_web_prints_the_page_and_how_to_watch_it_play(
+    command: tuple[str, ...], demo: bool
+) -> None:
+    """``vrt demo --web`` prints the page's address, then the ``?autorun`` one that plays
+    the story by itself (the plain page waits for the user, and says what to try); an agent
+    of your own gets no autorun line (the story needs the demo's agent)."""
+    import signal
+
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "vrt", *command, "--port", "0"],
+        cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    out = b""
+    try:
+        with trio.fail_after(30):
+            while out.count(b"\n") < 2 + demo:
+                out += await process.stdout.receive_some(1024)
+        lines = out.decode().splitlines()
+        page = lines[0].split(" on ")[1].replace("ws://", "http://")
+        assert lines[1] == f"vrt serve: the demo page is {page}"
+        html = await trio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(page, timeout=10).read().decode()
+        )
+        assert 'href="?autorun"' in html and "whatever you type" in html
+    finally:
+        process.send_signal(signal.SIGINT)
+        with trio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    out += await process.stdout.receive_some(1 << 16)
+    autorun = [line for line in out.decode().splitlines() if "?autorun" in line]
+    assert autorun == ([f"vrt serve: {page}?autorun plays the demo by itself"] if demo else [])

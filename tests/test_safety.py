@@ -357,7 +357,7 @@ async def test_a_client_over_the_rate_loses_no_result(
             ]
             assert settled.ok, settled
         # slowed, not closed; 5 s of this would close it too (RATE_CLOSE_AFTER: a client
-        # held at the rate cannot be told from a flood; README, known limits)
+        # held at the rate cannot be told from a flood; docs/explanation/limits.md)
         assert 1.0 < trio.current_time() - start < 5.0
 
 

@@ -32,6 +32,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 DEMO_AGENT = "vrt._cli.demo_agent:at_full_pace"
 """What ``vrt serve --web`` serves without MODULE:AGENT: the demo's travel assistant."""
+DEMO_LABEL = "the demo agent"
+"""How ``vrt demo --web`` names it in the line that gives its URL."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         "--web",
         action="store_true",
         help="serve the demo page instead: open http://127.0.0.1:PORT/ in a browser, where "
-        "the page hosts the app tools (until interrupted); GET /metrics shows the calls by "
-        "result code (with trio-vrt[metrics])",
+        "the page hosts the app tools (until interrupted), or http://127.0.0.1:PORT/?autorun "
+        "to watch it play the story by itself; GET /metrics shows the calls by result code "
+        "(with trio-vrt[metrics])",
     )
     demo.add_argument(
         "--port", type=_port, default=8765, help="with --web: the port (default: %(default)s)"
@@ -312,7 +315,7 @@ def _serve_until_interrupted(
         nonlocal drained
         # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
         # KeyboardInterrupt delivery, which after an HTTP-refused upgrade sometimes never
-        # reached the main task (the process hung; see the README's known limits).
+        # reached the main task (the process hung).
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 done = trio.Event()
@@ -326,6 +329,8 @@ def _serve_until_interrupted(
                 page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
                 if options.get("web_demo"):
                     print(f"vrt serve: the demo page is {page}", flush=True)
+                    if label in (DEMO_LABEL, DEMO_AGENT):  # the page's story needs its agent
+                        print(f"vrt serve: {page}?autorun plays the demo by itself", flush=True)
                 if options.get("metrics"):
                     print(f"vrt serve: metrics at {page}metrics", flush=True)
                 log = logging.getLogger("vrt.server")
@@ -381,7 +386,7 @@ def _demo(args: argparse.Namespace) -> int:
             demo_agent.agent(scale),
             "127.0.0.1",
             args.port,
-            "the demo agent",
+            DEMO_LABEL,
             web_demo=True,
             metrics=missing is None,
             ssl_context=ssl_context,

@@ -104,7 +104,12 @@ def supervise(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 if args.web_demo:
-                    print(f"vrt serve: the demo page is http{s}://{host}:{port}/", flush=True)
+                    from vrt._cli.commands import DEMO_AGENT
+
+                    page = f"http{s}://{host}:{port}/"
+                    print(f"vrt serve: the demo page is {page}", flush=True)
+                    if args.target == DEMO_AGENT:  # the page's story needs its agent
+                        print(f"vrt serve: {page}?autorun plays the demo by itself", flush=True)
                 drained = False
                 async for signum in signals:
                     if signum == signal.SIGTERM and not drained:

@@ -261,3 +261,4 @@ Event = (
     | Resumed
     | Closed
 )
+"""Any event ``session.subscribe()`` and ``client.subscribe()`` yield."""

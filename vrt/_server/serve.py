@@ -84,7 +84,7 @@ async def serve(
 
     ``options``: the keywords of :class:`vrt.ServerOptions`, each optional, which documents
     each with its default and its ``vrt serve`` flag: safety limits (every one has a
-    default; see the README's "Running the server safely"), ``authenticate`` and
+    default; see "Serve safely" in the documentation), ``authenticate`` and
     ``allowed_origins``, TLS (``ssl_context``), traces and ``GET /metrics``, and serving in
     production with a ``store`` (``handover-v1``, docs/deploy.md).
     """
