@@ -1,6 +1,6 @@
 """The codec's per-message cost, and the two swaps the speed issue asked about.
 
-Run it as ``python bench/codec.py`` (``pip install -e '.[bench]'`` for the swaps). For the
+Run it as ``python -m bench.codec`` (``pip install -e '.[bench]'`` for the swaps). For the
 messages of the stream workload (a ``tool.stream`` arguments-delta, the commonest frame,
 and a ``tool.result``), per message, best of 5 (``timeit``, µs):
 

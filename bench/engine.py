@@ -1,6 +1,6 @@
 """Engine throughput and memory: tool calls per second in process, and bytes per finished call.
 
-Run it as ``python bench/engine.py`` (``--quick`` for a smoke run, ``--profile`` for a
+Run it as ``python -m bench.engine`` (``--quick`` for a smoke run, ``--profile`` for a
 cProfile of the compiled path, ``--help`` for the knobs). What it measures:
 
 * **Throughput.** An in-process session (:func:`vrt.open_session`) runs turns of a
@@ -50,10 +50,10 @@ from types import BuiltinFunctionType, FunctionType, ModuleType
 from typing import Any
 
 import trio
-from bench_common import version
 
 import vrt
 import vrt._core.tables as tables
+from bench.harness import version
 
 ARGUMENTS = {"city": "Paris"}
 PARAMETERS = {

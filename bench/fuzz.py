@@ -1,6 +1,6 @@
 """Fuzzing the sans-IO protocol cores: generated and mutated frames, every outcome counted.
 
-Run it as ``python bench/fuzz.py`` (``--cases N`` per core, 100,000 by default; ``--seed``;
+Run it as ``python -m bench.fuzz`` (``--cases N`` per core, 100,000 by default; ``--seed``;
 ``--quick`` for a smoke run; ``--oracle`` to check every verdict against jsonschema;
 ``--help`` for the rest). It drives :class:`vrt._wire.server.ServerProtocol` and
 :class:`vrt._wire.client.ClientProtocol` directly (no socket, no trio) with frames from its
@@ -89,10 +89,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from bench_common import version
 from jsonschema import Draft202012Validator
 
 import vrt
+from bench.harness import version
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.client import AbortApp, ClientProtocol, Welcomed

@@ -1,6 +1,6 @@
 """What a hostile session costs the server: memory per attacking session, and how it ends.
 
-Run it as ``python bench/hostile.py`` (``--quick`` for a smoke run). Each attack runs
+Run it as ``python -m bench.hostile`` (``--quick`` for a smoke run). Each attack runs
 against a fresh in-process ``vrt.serve`` (its defaults, but a 5 s stall timeout so the
 runs are short) from raw sockets on loopback, ``--sessions`` at once, for ``--seconds``:
 
@@ -22,19 +22,14 @@ import argparse
 import functools
 import json
 import os
-import sys
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench_common import version
-
 import vrt
+from bench.harness import version
 from tests.test_hostile import HELLO, message, raw_upgraded, ws_frame
 from vrt._server import actor as _actor
 

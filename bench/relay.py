@@ -1,7 +1,7 @@
 """What a relay and a move cost (``handover-v1``), for docs/deploy.md's argument.
 
-Run it as ``python bench/relay.py`` (``--quick``: 10 trials; ``--help``). Two ``vrt serve
-load_agent:relay_agent --store URL --node a|b`` processes on loopback share a store
+Run it as ``python -m bench.relay`` (``--quick``: 10 trials; ``--help``). Two ``vrt serve
+bench.agents:relay_agent --store URL --node a|b`` processes on loopback share a store
 (``--store auto``, the default: a redis-server started for the run), and one
 :func:`vrt.connect` client in this process reaches them through a
 :class:`vrt.testing.LoopbackProxy` (this process too), which plays the load balancer: the
@@ -49,7 +49,6 @@ import contextlib
 import itertools
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -59,10 +58,19 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bench_common import version
-from load_nodes import cpu_seconds, ms, percentile, show, the_store, vrt_commit, vrt_serve
 
 import vrt
+from bench.fleet import show
+from bench.harness import (
+    cpu_seconds,
+    ms,
+    percentile,
+    shown,
+    the_store,
+    version,
+    vrt_commit,
+    vrt_serve,
+)
 from vrt.testing import LoopbackProxy
 
 
@@ -164,12 +172,12 @@ async def run(args: argparse.Namespace) -> Figures:
                         1,
                         redis.url,
                         folder,
-                        target="load_agent:relay_agent",
+                        target="bench.agents:relay_agent",
                         env=env,
                         extra=["--node", name],
                     )
                 )
-                print(f"node {name}: (cd bench && {' '.join(_shown(served.command))})")
+                print(f"node {name}: {' '.join(shown(served.command))}")
                 nodes.append(served)
             proxy = LoopbackProxy(nodes[0].port)
             nursery = await stack.enter_async_context(trio.open_nursery())
@@ -245,10 +253,6 @@ async def turn(
         f.cpu[kind].append(spent[owner])
         f.cpu[kind + ", the other node"].append(spent[1 - owner])
         account(seen, start, len(seen.events), kind, cut_at, after, f)
-
-
-def _shown(command: list[str]) -> list[str]:
-    return ["python" if part == sys.executable else part for part in command]
 
 
 def report(f: Figures, args: argparse.Namespace) -> None:

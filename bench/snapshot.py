@@ -1,6 +1,6 @@
 """What a session's save costs as its history grows (``handover-v1``).
 
-Run it as ``python bench/snapshot.py`` (``--turns N``, 200 by default). One in-process
+Run it as ``python -m bench.snapshot`` (``--turns N``, 200 by default). One in-process
 ``vrt.serve`` with a ``MemoryStore`` (no network to the store: the server's own cost) and
 one ``vrt.connect`` session running bench/load.py's turns (2 steps: words, a server call
 and an app call each) back to back. Every save at a turn boundary (one at the turn's start,
@@ -19,11 +19,11 @@ import time
 from typing import Any
 
 import trio
-from load_agent import make_agent
-from load_nodes import show
 
 import vrt
 import vrt._server.actor
+from bench.agents import make_agent
+from bench.fleet import show
 from vrt._cluster.store import MemoryStore
 
 POINTS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
