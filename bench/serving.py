@@ -81,25 +81,41 @@ from bench.windows import (
 
 # -- where the servers' time goes (--py-spy) -------------------------------------------------------
 
-FOCUS = [
-    ("the store: snapshot() (the state to JSON)", "snapshot (vrt/_cluster/record.py)"),
-    ("the store: SessionActor.state()", "state (vrt/_server/actor.py)"),
-    ("the store: RedisStore.save() (valkey-glide)", "save (vrt/_cluster/store.py)"),
-    ("the store: the saver task", "_saver (vrt/_server/actor.py)"),
-    ("the store: heartbeat and touch", "run (vrt/_cluster/node.py)"),
-    ("anyio (glide's async calls under Trio)", "(anyio/"),
-    ("glide's Python side", "(glide/"),
-    ("the engine (vrt/_engine)", "(vrt/_engine/"),
-    ("the wire codec (vrt/_wire)", "(vrt/_wire/"),
-    ("trio-websocket and wsproto", "(trio_websocket/"),
-    ("wsproto", "(wsproto/"),
-    ("sending (SocketStream.send_all)", "send_all (trio/_highlevel_socket.py)"),
-    ("waiting for I/O (epoll)", "get_events (trio/_core/_io_epoll.py)"),
-    ("a new connection: the HTTP upgrade", "upgrade (vrt/_net/upgrade.py)"),
-    ("a new connection: the hello", "_handshake (vrt/_server/hub.py)"),
-    ("a new session: SessionActor._open_session", "_open_session (vrt/_server/actor.py)"),
-    ("jsonschema", "(jsonschema/"),
-    ("a session's end: SessionActor.run's cleanup", "_forget_in_store (vrt/_server/actor.py)"),
+FOCUS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "the store: the state encoded (record.encode_state)",
+        ("encode_state (vrt/_cluster/record.py)",),
+    ),
+    (
+        "the store: the session's state gathered (state())",
+        ("state (vrt/_server/actor.py)", "state (vrt/_cluster/keeper.py)"),
+    ),
+    (
+        "the store: RedisStore.save() (valkey-glide)",
+        ("save (vrt/_cluster/store.py)", "save (vrt/_cluster/redis.py)"),
+    ),
+    (
+        "the store: the saver task",
+        ("_saver (vrt/_server/actor.py)", "_saver (vrt/_cluster/keeper.py)"),
+    ),
+    ("the store: heartbeat and touch", ("run (vrt/_cluster/node.py)",)),
+    ("vrt/_cluster, all of it (store, record codec, keeper, relays)", ("(vrt/_cluster/",)),
+    ("anyio (glide's async calls under Trio)", ("(anyio/",)),
+    ("glide's Python side", ("(glide/",)),
+    ("the engine (vrt/_engine)", ("(vrt/_engine/",)),
+    ("the wire codec (vrt/_wire)", ("(vrt/_wire/",)),
+    ("trio-websocket", ("(trio_websocket/",)),
+    ("wsproto", ("(wsproto/",)),
+    ("sending (SocketStream.send_all)", ("send_all (trio/_highlevel_socket.py)",)),
+    ("waiting for I/O (epoll)", ("get_events (trio/_core/_io_epoll.py)",)),
+    ("a new connection: the HTTP upgrade", ("upgrade (vrt/_net/upgrade.py)",)),
+    ("a new connection: the hello", ("_handshake (vrt/_server/hub.py)",)),
+    ("a new session: SessionActor._open_session", ("_open_session (vrt/_server/actor.py)",)),
+    ("jsonschema", ("(jsonschema/",)),
+    (
+        "a session's end: its record deleted",
+        ("_forget_in_store (vrt/_server/actor.py)", "forget (vrt/_cluster/keeper.py)"),
+    ),
 ]
 """What the profile sums (a sample counts once per label if any of its frames matches)."""
 
@@ -176,8 +192,8 @@ def print_profile(
     for stack, count in stacks.items():
         frames = stack.split(";")
         leaf[frames[-1]] += count
-        for name, needle in FOCUS:
-            if any(needle in frame for frame in frames):
+        for name, needles in FOCUS:
+            if any(needle in frame for frame in frames for needle in needles):
                 focus[name] += count
     print(f"      {samples:,} samples of the Python threads; inclusive:")
     for name, _ in FOCUS:
