@@ -57,7 +57,7 @@ import trio
 
 import vrt
 import vrt._core.tables as tables
-from bench.harness import ROOT, version
+from bench.harness import ROOT, version, vrt_from
 
 ARGUMENTS = {"city": "Paris"}
 PARAMETERS = {
@@ -630,7 +630,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"vrt engine benchmark: Python {platform.python_version()}, trio {version('trio')}, "
         f"python-statemachine {version('python-statemachine')}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs ({allowed} allowed), one thread"
+        f"{os.cpu_count()} CPUs ({allowed} allowed), one thread\n{vrt_from()}"
     )
     print(
         f"workload: server no-op tool (JSON Schema checked), {DELTAS} arguments-delta per "

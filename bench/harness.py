@@ -76,6 +76,12 @@ def vrt_commit() -> str:
     return f" at {commit}" + (" + uncommitted changes" if dirty else "")
 
 
+def vrt_from() -> str:
+    """``vrt from DIR at COMMIT``: which vrt a bench measures (the one of the directory it
+    runs from, first on ``sys.path``), for its first line."""
+    return f"vrt from {os.path.dirname(vrt.__file__)}{vrt_commit()}"
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank), NaN if there are none."""
     if not values:

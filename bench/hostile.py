@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 import vrt
-from bench.harness import HOST, version
+from bench.harness import HOST, version, vrt_from
 
 HELD = frozenset({"blind-ack", "no-read"})
 """The attacks the server holds (the model paused) until they stall: they last
@@ -226,7 +226,7 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"python -m bench.hostile: vrt {vrt.__version__}, trio {version('trio')}, "
         f"{args.sessions} sessions per attack, {args.seconds:g} s each ({', '.join(sorted(HELD))}"
-        f": {args.held_seconds:g} s), pid {os.getpid()}"
+        f": {args.held_seconds:g} s), pid {os.getpid()}\n{vrt_from()}"
     )
     print(f"{'attack':<12} {'heap peak / session':>20} {'RSS / session':>15}  outcome")
     for name in args.attacks or ATTACKS:

@@ -92,7 +92,7 @@ import trio
 
 import vrt
 from bench.agents import SHOW_PARAMETERS, make_agent
-from bench.harness import ROOT, ms, percentile, verdict, version
+from bench.harness import ROOT, ms, percentile, verdict, version, vrt_from
 
 HOST = "127.0.0.1"
 TARGET_SESSIONS = 1000
@@ -1093,7 +1093,7 @@ def main(argv: list[str] | None = None) -> None:
         f"trio-websocket {version('trio-websocket')}, wsproto {version('wsproto')}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, loopback, "
         + ("server and clients in two processes" if args.clients_process else "one process")
-        + f"\nvrt from {os.path.dirname(vrt.__file__)}"
+        + f"\n{vrt_from()}"
     )
     print(
         f"open files: soft limit raised to {soft:,} (hard {hard:,}); {args.sessions:,} "

@@ -27,7 +27,7 @@ import trio
 
 import vrt
 import vrt.mcp
-from bench.harness import ROOT
+from bench.harness import ROOT, vrt_from
 
 SERVER = ["-m", "bench.mcp", "--serve"]
 """This module as the MCP server, run from the repository's root (``bench.mcp``, whose name
@@ -99,7 +99,9 @@ def main() -> None:
         return
     bares, vrts = trio.run(run, args.calls, args.rounds)
     b, v = statistics.median(bares), statistics.median(vrts)
-    print(f"MCP echo over stdio, {args.calls} calls a round, {args.rounds} rounds each")
+    print(
+        f"MCP echo over stdio, {args.calls} calls a round, {args.rounds} rounds each; {vrt_from()}"
+    )
     print(f"  {'':<34} {'per call':>10} {'rounds (us)':>40}")
     for name, value, values in (
         ("bare SDK (mcp.Client.call_tool)", b, bares),

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 import vrt
-from bench.harness import version
+from bench.harness import version, vrt_from
 from vrt.models._adapters import AnthropicMessages, CallIds, OpenAIChat, OpenAIResponses
 from vrt.models._sse import SSEDecoder
 from vrt.testing import FakeProvider, open_pair
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"bench/models.py: vrt {vrt.__version__}, httpx2 {version('httpx2')}, trio "
         f"{version('trio')}; one step: some text and a call in {args.deltas} argument "
-        f"fragments; best of {args.repeat}"
+        f"fragments; best of {args.repeat}\n{vrt_from()}"
     )
     print(
         f"{'api':<18} {'events':>7} {'adapter':>10} {'engine':>10} {'adds':>6}"

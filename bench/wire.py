@@ -109,7 +109,7 @@ from trio_websocket import (
 )
 
 import vrt
-from bench.harness import ROOT, version
+from bench.harness import ROOT, version, vrt_from
 from vrt._wire.messages import CAPABILITIES, LEGACY
 
 HOST = "127.0.0.1"
@@ -1093,7 +1093,7 @@ def main(argv: list[str] | None = None) -> None:
         f"trio-websocket {version('trio-websocket')}, wsproto {version('wsproto')}, "
         f"websockets {version('websockets')} (asyncio, a subprocess), {platform.machine()}, "
         f"{os.cpu_count()} CPUs ({allowed} allowed); the trio side in one thread, "
-        f"loopback, server and client in one trio.run"
+        f"loopback, server and client in one trio.run\n{vrt_from()}"
     )
     print(
         f"workload: (a) app tool ping, one call per model step then a {PAUSE * 1e3:g} ms pause;"
