@@ -1,11 +1,11 @@
 """The ASGI path's cost: CPU per turn through hypercorn's Trio worker and ``vrt.asgi``
 against ``vrt serve``'s, the same load, in one run.
 
-``python bench/asgi.py`` (``--help``: bench/load.py's knobs; ``--quick`` is not for this,
+``python -m bench.asgi`` (``--help``: bench/load.py's knobs; ``--quick`` is not for this,
 use ``--sessions 200 --levels 50 --window 5``). Both servers run from the start, each in
-processes of its own on a free loopback port: ``vrt serve load_agent:agent`` and
-``hypercorn --worker-class trio 'load_agent:make_asgi_app()'`` (the same agent, the same
-options: bench/load_agent.py). The machinery is bench/load_nodes.py's: the light raw-socket
+processes of its own on a free loopback port: ``vrt serve bench.agents:agent`` and
+``hypercorn --worker-class trio 'bench.agents:make_asgi_app()'`` (the same agent, the same
+options: bench/agents.py). The machinery is bench/windows.py's: the light raw-socket
 clients (or ``--client vrt``), a paced window then windows at think 0, both servers' windows
 interleaved round by round (the order reversed every other round), CPU from ``/proc`` of
 every server process (hypercorn's parent and its worker). It prints each window, the sums,
@@ -24,25 +24,23 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import load
 import trio
-from bench_common import version
-from load_nodes import (
-    BENCH,
+
+import vrt
+from bench import load
+from bench.harness import (
     HOST,
-    Config,
-    Result,
+    ROOT,
     Served,
     children,
     free_port,
-    print_rounds,
-    run_configs,
     sockets,
     stop,
+    version,
     vrt_commit,
 )
-
-import vrt
+from bench.serving import after_windows
+from bench.windows import Config, Result, print_rounds, run_configs
 
 
 class HypercornServed(Served):
@@ -55,17 +53,17 @@ class HypercornServed(Served):
 
 @contextlib.asynccontextmanager
 async def hypercorn(label: str, folder: Path, env: dict[str, str]) -> AsyncIterator[Served]:
-    """``hypercorn --worker-class trio`` serving ``vrt.asgi`` (cwd: bench/), until SIGINT on
-    the way out; its log (hypercorn's and vrt's) in ``folder``."""
+    """``hypercorn --worker-class trio`` serving ``vrt.asgi`` (cwd: the repository's root),
+    until SIGINT on the way out; its log (hypercorn's and vrt's) in ``folder``."""
     port = free_port()
     command = [
         sys.executable, "-m", "hypercorn", "--worker-class", "trio", "--bind", f"{HOST}:{port}",
-        "load_agent:make_asgi_app()",
+        "bench.agents:make_asgi_app()",
     ]  # fmt: skip
     log = folder / "hypercorn.log"
     with log.open("wb") as out:
         process = await trio.lowlevel.open_process(
-            command, cwd=BENCH, stdout=out, stderr=out, env={**os.environ, **env}
+            command, cwd=ROOT, stdout=out, stderr=out, env={**os.environ, **env}
         )
         try:
             with trio.fail_after(60):
@@ -112,7 +110,7 @@ async def run(args: argparse.Namespace, folder: Path) -> None:
         Config("vrt serve", 1, None),
         Config("hypercorn + vrt.asgi", 1, None, serve=hypercorn),
     ]
-    results = await run_configs(args, configs, folder)
+    results = await run_configs(args, configs, folder, after_windows(args, folder))
     print_rounds(results)
     print_ratios(results[0], results[1])
     problems = sum(len(r.problems) for r in results)

@@ -1,6 +1,6 @@
 """The codec's per-message cost, and the two swaps the speed issue asked about.
 
-Run it as ``python bench/codec.py`` (``pip install -e '.[bench]'`` for the swaps). For the
+Run it as ``python -m bench.codec`` (``pip install -e '.[bench]'`` for the swaps). For the
 messages of the stream workload (a ``tool.stream`` arguments-delta, the commonest frame,
 and a ``tool.result``), per message, best of 5 (``timeit``, µs):
 
@@ -23,6 +23,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from bench.harness import vrt_from
 from vrt._core.fastcheck import compile_schema
 from vrt._wire import codec
 from vrt._wire import messages as m
@@ -74,7 +75,7 @@ def measure(name: str, frame: str, orjson: Any, fastjsonschema: Any) -> list[tup
 
 def main() -> None:
     orjson, fastjsonschema = optional("orjson"), optional("fastjsonschema")
-    print("per message, µs, best of 5")
+    print(f"per message, µs, best of 5; {vrt_from()}")
     for name, frame in FRAMES.items():
         print(f"\n{name} ({len(frame)} bytes)")
         for label, us in measure(name, frame, orjson, fastjsonschema):

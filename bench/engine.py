@@ -1,6 +1,6 @@
 """Engine throughput and memory: tool calls per second in process, and bytes per finished call.
 
-Run it as ``python bench/engine.py`` (``--quick`` for a smoke run, ``--profile`` for a
+Run it as ``python -m bench.engine`` (``--quick`` for a smoke run, ``--profile`` for a
 cProfile of the compiled path, ``--help`` for the knobs). What it measures:
 
 * **Throughput.** An in-process session (:func:`vrt.open_session`) runs turns of a
@@ -13,9 +13,11 @@ cProfile of the compiled path, ``--help`` for the knobs). What it measures:
   session, so the session length is fixed rather than left to the call count (one extra
   line shows one long session). A run is as many sessions as it takes to reach its call
   count, in one ``trio.run``, timed with ``time.perf_counter`` (opening and closing the
-  sessions included). The same workload runs with compiled tables and in strict mode
-  (``vrt._core.tables.STRICT`` toggled between runs, so every Session, Turn and ToolCall machine
-  is a real python-statemachine instance), each with no subscriber and with one subscriber
+  sessions included). The same workload runs with compiled tables in this process and in
+  strict mode in a child process (``VRT_STRICT_MACHINES=1``, which vrt reads at import, so
+  every Session, Turn and ToolCall machine there is a real python-statemachine instance;
+  the child runs one job at a time, when this process asks), each with no subscriber and
+  with one subscriber
   task draining ``session.subscribe()`` with ``async for`` to its end, which is what a
   real app sees (14 events per call). Runs alternate between the modes and repeat; the
   table shows the best run and the median.
@@ -26,7 +28,7 @@ cProfile of the compiled path, ``--help`` for the knobs). What it measures:
 * **Memory.** 10,000 calls finished in one session, their TurnResults kept; measured three
   ways, see :func:`measure_memory`.
 
-The process is single threaded: one ``trio.run`` on one core (``--cpu N`` pins it to N).
+Each process is single threaded: one ``trio.run`` on one core (``--cpu N`` pins both to N).
 """
 
 from __future__ import annotations
@@ -35,25 +37,27 @@ import argparse
 import cProfile
 import enum
 import gc
+import json
 import os
 import platform
 import pstats
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Iterable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
 from types import BuiltinFunctionType, FunctionType, ModuleType
 from typing import Any
 
 import trio
-from bench_common import version
 
 import vrt
 import vrt._core.tables as tables
+from bench.harness import ROOT, version, vrt_from
 
 ARGUMENTS = {"city": "Paris"}
 PARAMETERS = {
@@ -89,11 +93,6 @@ def make_agent(per_step: int, turns: int) -> vrt.Agent:
     return vrt.define_agent(model=vrt.ScriptedModel(script), tools=[noop])
 
 
-def set_mode(strict: bool) -> None:
-    """Compiled tables, or real python-statemachine instances, for every machine built next."""
-    tables.STRICT = strict  # type: ignore[misc]  # Final for the engine; toggled here
-
-
 # -- one session ---------------------------------------------------------------------------------
 
 
@@ -103,9 +102,7 @@ async def _drain(events: vrt.Subscription[vrt.Event], counts: list[int]) -> None
         counts[0] += 1
 
 
-async def run_session(
-    agent: vrt.Agent, turns: int, per_step: int, *, subscriber: bool, strict: bool
-) -> int:
+async def run_session(agent: vrt.Agent, turns: int, per_step: int, *, subscriber: bool) -> int:
     """Run ``turns`` turns in a fresh session; return the events the subscriber received.
 
     With a subscriber, the session is closed once the last turn ended and this returns
@@ -114,8 +111,8 @@ async def run_session(
     counts = [0]
     async with AsyncExitStack() as stack:
         session = await stack.enter_async_context(vrt.open_session(agent))
-        # The mode really is the one asked for (every machine follows the same switch).
-        assert isinstance(session._machine, tables.StrictMachine) is strict
+        # The mode really is this process's (every machine follows the same switch).
+        assert isinstance(session._machine, tables.StrictMachine) is tables.STRICT
         if subscriber:
             events = await stack.enter_async_context(session.subscribe())
         # Innermost, so that leaving waits for the subscriber to read to the end.
@@ -199,13 +196,11 @@ def timed_spawns() -> float:
     return min(out)
 
 
-def timed_run(
-    agent: vrt.Agent, calls: int, turns: int, per_step: int, *, strict: bool, subscriber: bool
-) -> Run:
-    """Run sessions of ``turns`` turns until at least ``calls`` calls ran; time them."""
+def timed_run(agent: vrt.Agent, calls: int, turns: int, per_step: int, *, subscriber: bool) -> Run:
+    """Run sessions of ``turns`` turns until at least ``calls`` calls ran; time them (in this
+    process's mode: compiled, or strict in the strict child)."""
     per_session = turns * per_step
     sessions = max(1, -(-calls // per_session))
-    set_mode(strict)
     gc.collect()
     out: dict[str, float] = {}
 
@@ -213,20 +208,66 @@ def timed_run(
         events = 0
         wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(sessions):
-            events += await run_session(
-                agent, turns, per_step, subscriber=subscriber, strict=strict
-            )
+            events += await run_session(agent, turns, per_step, subscriber=subscriber)
         out["wall"] = time.perf_counter() - wall
         out["cpu"] = time.process_time() - cpu
         out["events"] = events
 
-    try:
-        trio.run(body)
-    finally:
-        set_mode(False)
+    trio.run(body)
     return Run(
         calls=sessions * per_session, wall=out["wall"], cpu=out["cpu"], events=int(out["events"])
     )
+
+
+class StrictChild:
+    """Strict mode's runs, in a child process started with ``VRT_STRICT_MACHINES=1`` (this
+    process's machines stay compiled): :meth:`run` sends it one job as a JSON line and
+    waits for its :class:`Run`."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+
+    def run(self, calls: int, turns: int, per_step: int, *, subscriber: bool) -> Run:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        job = {"calls": calls, "turns": turns, "per_step": per_step, "subscriber": subscriber}
+        self.process.stdin.write(json.dumps(job) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the strict-mode process exited")
+        return Run(**json.loads(line))
+
+
+@contextmanager
+def strict_child() -> Iterator[StrictChild]:
+    command = [sys.executable, "-m", "bench.engine", "--strict-child"]
+    env = {**os.environ, "VRT_STRICT_MACHINES": "1"}
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            yield StrictChild(process)
+        finally:
+            assert process.stdin is not None
+            process.stdin.close()  # the child's end of input: it exits
+
+
+def serve_strict_runs() -> None:
+    """``--strict-child``: a job per line on stdin, its :class:`Run` as a line on stdout."""
+    if not tables.STRICT:
+        raise SystemExit("--strict-child needs VRT_STRICT_MACHINES=1 in its environment")
+    agents: dict[tuple[int, int], vrt.Agent] = {}
+    for line in sys.stdin:
+        job = json.loads(line)
+        key = (job["per_step"], job["turns"])
+        if key not in agents:
+            agents[key] = make_agent(*key)
+        agent = agents[key]
+        run = timed_run(
+            agent, job["calls"], job["turns"], job["per_step"], subscriber=job["subscriber"]
+        )
+        print(json.dumps(asdict(run)), flush=True)
 
 
 def _say(args: argparse.Namespace, repeat: int, label: str, run: Run) -> None:
@@ -245,24 +286,31 @@ def measure_throughput(args: argparse.Namespace) -> Throughput:
     agent = make_agent(per_step, turns)
     cells = {(strict, sub): Cell() for sub in (False, True) for strict in (False, True)}
     spawns: list[float] = []
-    for strict in (False, True):  # warm up: imports, validators, the library's caches
-        for sub in (False, True):
-            timed_run(agent, turns * per_step, turns, per_step, strict=strict, subscriber=sub)
-    for repeat in range(args.repeats):
-        spawns.append(timed_spawns())
-        order = (False, True) if repeat % 2 == 0 else (True, False)
-        for sub in (False, True):
-            for strict in order:
-                calls = args.strict_calls if strict else args.calls
-                run = timed_run(agent, calls, turns, per_step, strict=strict, subscriber=sub)
-                cells[strict, sub].runs.append(run)
-                mode = "strict" if strict else "compiled"
-                _say(args, repeat, f"{mode} {'subscriber' if sub else 'no subscriber'}", run)
+    with strict_child() as child:
+
+        def timed(strict: bool, calls: int, subscriber: bool) -> Run:
+            if strict:
+                return child.run(calls, turns, per_step, subscriber=subscriber)
+            return timed_run(agent, calls, turns, per_step, subscriber=subscriber)
+
+        for strict in (False, True):  # warm up: imports, validators, the library's caches
+            for sub in (False, True):
+                timed(strict, turns * per_step, sub)
+        for repeat in range(args.repeats):
+            spawns.append(timed_spawns())
+            order = (False, True) if repeat % 2 == 0 else (True, False)
+            for sub in (False, True):
+                for strict in order:
+                    calls = args.strict_calls if strict else args.calls
+                    run = timed(strict, calls, sub)
+                    cells[strict, sub].runs.append(run)
+                    mode = "strict" if strict else "compiled"
+                    _say(args, repeat, f"{mode} {'subscriber' if sub else 'no subscriber'}", run)
     long_turns = max(1, args.memory_calls // per_step)
     long_agent = make_agent(per_step, long_turns)
     long = Cell()
     for repeat in range(min(args.repeats, 3)):
-        run = timed_run(long_agent, 0, long_turns, per_step, strict=False, subscriber=False)
+        run = timed_run(long_agent, 0, long_turns, per_step, subscriber=False)
         long.runs.append(run)
         _say(args, repeat, "compiled, one long session", run)
     return Throughput(cells=cells, long=long, spawns=spawns)
@@ -328,10 +376,9 @@ def measure_memory(calls: int, per_step: int) -> Memory:
     """
     turns = max(1, calls // per_step)
     agent = make_agent(per_step, turns)
-    set_mode(False)
 
     async def warm() -> None:  # lazily built validators, caches, interned strings
-        await run_session(make_agent(per_step, 2), 2, per_step, subscriber=False, strict=False)
+        await run_session(make_agent(per_step, 2), 2, per_step, subscriber=False)
 
     trio.run(warm)
     out: dict[str, int] = {}
@@ -411,10 +458,10 @@ def profile(args: argparse.Namespace, agent: vrt.Agent, subscriber: bool) -> Non
     Times are per call of the tool (profiler overhead included: about 3x the real cost).
     """
     turns, per_step = args.turns, args.per_step
-    timed_run(agent, turns * per_step, turns, per_step, strict=False, subscriber=subscriber)
+    timed_run(agent, turns * per_step, turns, per_step, subscriber=subscriber)
     profiler = cProfile.Profile()
     profiler.enable()
-    run = timed_run(agent, args.calls, turns, per_step, strict=False, subscriber=subscriber)
+    run = timed_run(agent, args.calls, turns, per_step, subscriber=subscriber)
     profiler.disable()
     raw: dict[Any, Any] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     total = sum(entry[2] for entry in raw.values())
@@ -562,6 +609,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--top", type=int, default=25, help="functions --profile shows (25)")
     add("--cpu", type=int, default=None, help="pin the process to this CPU")
     add("-v", "--verbose", action="store_true", help="print every run on stderr")
+    add("--strict-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.calls, args.strict_calls, args.turns = 400, 200, 20
@@ -571,13 +619,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.strict_child:
+        serve_strict_runs()
+        return
+    if tables.STRICT:
+        raise SystemExit("run it without VRT_STRICT_MACHINES: strict mode runs in a child")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(
         f"vrt engine benchmark: Python {platform.python_version()}, trio {version('trio')}, "
         f"python-statemachine {version('python-statemachine')}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs ({allowed} allowed), one thread"
+        f"{os.cpu_count()} CPUs ({allowed} allowed), one thread\n{vrt_from()}"
     )
     print(
         f"workload: server no-op tool (JSON Schema checked), {DELTAS} arguments-delta per "

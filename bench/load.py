@@ -1,9 +1,10 @@
 """Load: many concurrent vrt/1 sessions over loopback; round trips, memory, CPU and errors.
 
-Run it as ``python bench/load.py`` (``--quick`` for a smoke run, ``--soak MINUTES`` for a
-soak, ``--clients-process`` to run the clients in a second process, ``--help`` for the
-knobs). A :func:`vrt.serve` server on 127.0.0.1 (port 0) and ``--sessions`` clients
-(:func:`vrt.connect`), by default all in one ``trio.run`` in one process. What it measures:
+Run it as ``python -m bench.load`` from the repository's root (``--quick`` for a smoke run,
+``--soak MINUTES`` for a soak, ``--clients-process`` to run the clients in a second
+process, ``--help`` for the knobs). A :func:`vrt.serve` server on 127.0.0.1 (port 0) and
+``--sessions`` clients (:func:`vrt.connect`), by default all in one ``trio.run`` in one
+process. What it measures:
 
 * **The workload.** The agent's :class:`vrt.ScriptedModel` gives each turn ``--steps``
   model steps; each step says a few words, calls the server tool ``lookup`` (``risk="low"``,
@@ -51,7 +52,7 @@ the sessions are idle) are the application's own GC tuning, off by default, to c
 
 ``--workers N``, ``--store URL`` (or ``auto``), ``--compare`` and ``--rolling`` run the
 server as ``vrt serve`` processes instead, with a store, and compare configurations in one
-run (bench/load_nodes.py; bench/README.md, "Serving in production").
+run (bench/serving.py; bench/README.md, "Serving in production").
 
 ``--tracing`` runs one worker without a store as ``vrt serve`` and again through
 bench/tracing.py, which installs the OpenTelemetry SDK in the server's process first
@@ -88,10 +89,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from bench_common import version
-from load_agent import SHOW_PARAMETERS, make_agent
 
 import vrt
+from bench.agents import SHOW_PARAMETERS, make_agent
+from bench.harness import ROOT, ms, percentile, verdict, version, vrt_from
 
 HOST = "127.0.0.1"
 TARGET_SESSIONS = 1000
@@ -261,13 +262,6 @@ def traced() -> tracemalloc.Snapshot:
     """What Python has allocated, after a full collection (cyclic garbage would count)."""
     gc.collect()
     return tracemalloc.take_snapshot()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def rss_kb() -> int:
@@ -568,14 +562,6 @@ async def drive(args: argparse.Namespace, url: str, hooks: Hooks) -> None:
 # -- printing ------------------------------------------------------------------------------------
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.1f}"
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
 def meter(data: dict[str, Any]) -> Meter:
     return Meter(**data)
 
@@ -650,11 +636,11 @@ def print_turns(s: Stats, label: str, seconds: float) -> None:
     )
     print(
         f"  app-tool round trip, {len(rtt):,} calls, ms: arguments-complete -> settled p50 "
-        f"{_ms(percentile(rtt, 0.5))}, p99 {_ms(percentile(rtt, 0.99))}, max "
-        f"{_ms(max(rtt, default=float('nan')))}\n    (the app tool's run starts -> settled:"
-        f" p50 {_ms(percentile(run, 0.5))}, p99 {_ms(percentile(run, 0.99))}; a whole turn, "
-        f"input sent -> turn.ended read: p50 {_ms(percentile(s.turn_time, 0.5))}, p99 "
-        f"{_ms(percentile(s.turn_time, 0.99))})"
+        f"{ms(percentile(rtt, 0.5))}, p99 {ms(percentile(rtt, 0.99))}, max "
+        f"{ms(max(rtt, default=float('nan')))}\n    (the app tool's run starts -> settled:"
+        f" p50 {ms(percentile(run, 0.5))}, p99 {ms(percentile(run, 0.99))}; a whole turn, "
+        f"input sent -> turn.ended read: p50 {ms(percentile(s.turn_time, 0.5))}, p99 "
+        f"{ms(percentile(s.turn_time, 0.99))})"
     )
 
 
@@ -738,8 +724,8 @@ class Printer:
         print(
             f"  {(now - self.start) / 60:>5.1f}"
             + "".join(f"  {kb / 1024:>{max(20, len(name) + 8)},.1f}" for name, kb in rss.items())
-            + f"{turns:>8,}{turns / max(span, 1e-9):>9,.1f}{_ms(percentile(s.rtt, 0.5)):>9}"
-            f"{_ms(percentile(s.rtt, 0.99)):>9}{sum(s.errors.values()):>8,}",
+            + f"{turns:>8,}{turns / max(span, 1e-9):>9,.1f}{ms(percentile(s.rtt, 0.5)):>9}"
+            f"{ms(percentile(s.rtt, 0.99)):>9}{sum(s.errors.values()):>8,}",
             flush=True,
         )
 
@@ -780,14 +766,14 @@ class Printer:
         p99 = percentile([*s.rtt, *self.soak.rtt], 0.99)
         print("\ntargets (every turn, measured and soak):")
         ok = s.connected >= TARGET_SESSIONS and s.connected == args.sessions
-        print(f"  {TARGET_SESSIONS:,} concurrent sessions{'':31}{s.connected:>9,}  {_verdict(ok)}")
+        print(f"  {TARGET_SESSIONS:,} concurrent sessions{'':31}{s.connected:>9,}  {verdict(ok)}")
         count = sum(total.values())
-        print(f"  zero errors{'':42}{count:>9,}  {_verdict(count == 0)}")
+        print(f"  zero errors{'':42}{count:>9,}  {verdict(count == 0)}")
         label = f"app-tool round trip p99 < {TARGET_P99 * 1e3:.0f} ms"
-        print(f"  {label:53}{_ms(p99):>9} ms  {_verdict(p99 < TARGET_P99)}")
+        print(f"  {label:53}{ms(p99):>9} ms  {verdict(p99 < TARGET_P99)}")
         for name, per in self.per_idle.items():
             label = f"RSS per idle session <= {TARGET_IDLE_KB:.0f} kB ({name})"
-            print(f"  {label:53}{per:>9,.1f} kB  {_verdict(per <= TARGET_IDLE_KB)}")
+            print(f"  {label:53}{per:>9,.1f} kB  {verdict(per <= TARGET_IDLE_KB)}")
         if self.soak_rows:
             # The second half: sessions that recycle reach their steady state first (their
             # histories fill up to --recycle turns), sessions that go on keep growing.
@@ -796,7 +782,7 @@ class Printer:
                 first, last = rows[(len(rows) - 1) // 2][name], rows[-1][name]
                 growth = last / first - 1
                 label = f"soak: flat RSS over its second half ({name})"
-                print(f"  {label:53}{growth:>+9.1%}  {_verdict(growth <= TARGET_SOAK_GROWTH)}")
+                print(f"  {label:53}{growth:>+9.1%}  {verdict(growth <= TARGET_SOAK_GROWTH)}")
 
 
 # -- one process ---------------------------------------------------------------------------------
@@ -885,7 +871,8 @@ def child_command(args: argparse.Namespace, url: str) -> list[str]:
     flags = [name for name in ("gc_freeze", "tracemalloc") if getattr(args, name)]
     return [
         sys.executable,
-        os.path.abspath(__file__),
+        "-m",
+        "bench.load",
         "--role=clients",
         f"--url={url}",
         *(f"--{name}={value}" for name, value in forwarded.items()),
@@ -920,7 +907,7 @@ async def two_processes(
         mine: dict[str, Any] = {"before": rss_kb()}
         ramp = Meter.start()
         process = await trio.lowlevel.open_process(
-            child_command(args, server.url), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            child_command(args, server.url), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert process.stdin is not None
         assert process.stdout is not None
@@ -1009,7 +996,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--top", type=int, default=30, help="rows --profile shows (30)")
     add("--quick", action="store_true", help="a smoke run: 100 sessions, 2 turns, think 1 s")
     group = parser.add_argument_group(
-        "serving in production (bench/load_nodes.py; the server runs as vrt serve)"
+        "serving in production (bench/serving.py; the server runs as vrt serve)"
     )
     add = group.add_argument
     add("--workers", type=int, help="vrt serve --workers N (1; given alone: that server only)")
@@ -1097,16 +1084,16 @@ def main(argv: list[str] | None = None) -> None:
         trio.run(clients_child, args)
         return
     if args.nodes:
-        import load_nodes
+        from bench import serving
 
-        load_nodes.main(args)
+        serving.main(args)
         return
     print(
         f"vrt load benchmark: Python {platform.python_version()}, trio {version('trio')}, "
         f"trio-websocket {version('trio-websocket')}, wsproto {version('wsproto')}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, loopback, "
         + ("server and clients in two processes" if args.clients_process else "one process")
-        + f"\nvrt from {os.path.dirname(vrt.__file__)}"
+        + f"\n{vrt_from()}"
     )
     print(
         f"open files: soft limit raised to {soft:,} (hard {hard:,}); {args.sessions:,} "

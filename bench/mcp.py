@@ -1,6 +1,6 @@
 """What vrt adds to an MCP tool call, against the bare SDK call, in one run.
 
-Run it as ``python bench/mcp.py`` (``--calls N`` per round, 200 by default; ``--rounds R``,
+Run it as ``python -m bench.mcp`` (``--calls N`` per round, 200 by default; ``--rounds R``,
 5). Both sides talk to the same kind of server: this file started as an MCP server over
 stdio (``--serve``: the SDK's ``MCPServer`` with one ``echo`` tool), one process each.
 
@@ -21,18 +21,17 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-# Run as a script, this file's folder comes first on the path, where this file would
-# shadow the SDK's package ``mcp``.
-HERE = Path(__file__).resolve()
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE.parent]
+import trio
 
-import trio  # noqa: E402
+import vrt
+import vrt.mcp
+from bench.harness import ROOT, vrt_from
 
-import vrt  # noqa: E402
-import vrt.mcp  # noqa: E402
+SERVER = ["-m", "bench.mcp", "--serve"]
+"""This module as the MCP server, run from the repository's root (``bench.mcp``, whose name
+does not shadow the SDK's package ``mcp``)."""
 
 
 def serve() -> None:
@@ -54,7 +53,7 @@ async def bare(calls: int) -> float:
     import mcp
     from mcp.client.stdio import StdioServerParameters
 
-    params = StdioServerParameters(command=sys.executable, args=[str(HERE), "--serve"])
+    params = StdioServerParameters(command=sys.executable, args=SERVER, cwd=ROOT)
     async with mcp.Client(params) as client:
         await client.call_tool("echo", {"text": "warm"})
         start = time.perf_counter()
@@ -66,7 +65,7 @@ async def bare(calls: int) -> float:
 
 async def through_vrt(calls: int) -> float:
     """Seconds per call, each a turn of an in-process vrt session."""
-    async with vrt.mcp.connect_stdio(sys.executable, [str(HERE), "--serve"]) as server:
+    async with vrt.mcp.connect_stdio(sys.executable, SERVER, cwd=str(ROOT)) as server:
         steps: list[list[Any]] = []
         for i in range(calls + 1):
             steps += [[vrt.call("echo", {"text": f"hi {i}"})], []]
@@ -100,7 +99,9 @@ def main() -> None:
         return
     bares, vrts = trio.run(run, args.calls, args.rounds)
     b, v = statistics.median(bares), statistics.median(vrts)
-    print(f"MCP echo over stdio, {args.calls} calls a round, {args.rounds} rounds each")
+    print(
+        f"MCP echo over stdio, {args.calls} calls a round, {args.rounds} rounds each; {vrt_from()}"
+    )
     print(f"  {'':<34} {'per call':>10} {'rounds (us)':>40}")
     for name, value, values in (
         ("bare SDK (mcp.Client.call_tool)", b, bares),

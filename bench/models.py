@@ -1,6 +1,6 @@
 """The model adapters' own cost per streamed event, against the engine's, in one run.
 
-Run it as ``python bench/models.py`` (``--quick`` for a smoke run). For each API it builds
+Run it as ``python -m bench.models`` (``--quick`` for a smoke run). For each API it builds
 the Server-Sent Events body of one step (some text, then a call whose arguments stream in
 ``--deltas`` fragments), exactly as FakeProvider sends it, and times what the adapter does
 with it without HTTP: the SSE decoding (fed in 4 KiB chunks, as a socket gives them), the
@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-from bench_common import version
 
 import vrt
+from bench.harness import version, vrt_from
 from vrt.models._adapters import AnthropicMessages, CallIds, OpenAIChat, OpenAIResponses
 from vrt.models._sse import SSEDecoder
 from vrt.testing import FakeProvider, open_pair
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"bench/models.py: vrt {vrt.__version__}, httpx2 {version('httpx2')}, trio "
         f"{version('trio')}; one step: some text and a call in {args.deltas} argument "
-        f"fragments; best of {args.repeat}"
+        f"fragments; best of {args.repeat}\n{vrt_from()}"
     )
     print(
         f"{'api':<18} {'events':>7} {'adapter':>10} {'engine':>10} {'adds':>6}"

@@ -1,14 +1,15 @@
 """What a relay and a move cost (``handover-v1``), for docs/deploy.md's argument.
 
-Run it as ``python bench/relay.py`` (``--quick``: 10 trials; ``--help``). Two ``vrt serve
-load_agent:relay_agent --store URL --node a|b`` processes on loopback share a store
+Run it as ``python -m bench.relay`` (``--quick``: 10 trials; ``--help``). Two ``vrt serve
+bench.agents:relay_agent --store URL --node a|b`` processes on loopback share a store
 (``--store auto``, the default: a redis-server started for the run), and one
-:func:`vrt.connect` client in this process reaches them through a
-:class:`vrt.testing.LoopbackProxy` (this process too), which plays the load balancer: the
-bench points it at a node and cuts its connections. A turn is ``--steps`` model steps
-(10), each a few words and an app call ``show`` that the client answers at once. Each
-trial opens a new session (on node a and node b in turn, so that every session's saved
-state is three turns long at most) and runs three turns on it, in this order:
+:func:`vrt.connect` client in this process reaches them through a loopback proxy of this
+bench's (:class:`Proxy`, this process too), which plays the load balancer: the bench points
+it at a node, cuts its connections, and notes when each new connection reaches it. A turn
+is ``--steps`` model steps (10), each a few words and an app call ``show`` that the client
+answers at once. Each trial opens a new session (on node a and node b in turn, so that
+every session's saved state is three turns long at most) and runs three turns on it, in
+this order:
 
 1. **direct**: client -> proxy -> the node that owns the session.
 2. **resumed on its node**: the connection is cut after the turn's first app call has
@@ -28,18 +29,21 @@ Figures (client side, ``time.perf_counter`` when the client's task reads the eve
 - **Step**: one ``settled`` to the next (the model's next step, its text and the app call
   round trip), steps 3 to the end of each turn (step 2 of turns 2 and 3 holds the resume);
   **the rest of a turn**: the ``settled`` of step 2 to ``turn.ended``, the same steps.
-- **Gaps** (``vrt.Reconnecting`` to ``vrt.Resumed``): a resume on the same node, a resume
-  relayed to the owner, and the move (the owner's 1012 to the adopting node's welcome: the
-  handover's last save, the close, the new connection, the store's load and claim, the
-  restore).
+- **Gaps**: a resume on the same node and a resume relayed to the owner, each from the
+  moment the client's new connection reaches the proxy to the client's task reading
+  ``vrt.Resumed`` (the TCP connection, the upgrade, the resume ``hello``, on the other node
+  the owner's address from the store and a WebSocket to its relay port, the ``welcome`` and
+  the replay); and the move, ``vrt.Reconnecting`` to ``vrt.Resumed`` (the owner's 1012 to
+  the adopting node's welcome: the handover's last save, the close, the new connection, the
+  store's load and claim, the restore).
 - **CPU per turn** of each node process (``/proc/PID/stat``), by kind of turn.
 
-vrt.connect waits a backoff before it resumes after a loss other than 1012 (25-50 ms at
-first, doubled for each resume whose connection dropped within 5 s of it: the trials cut
-every few tens of milliseconds, so the waits would grow to seconds and say nothing about
-the relay). By default this bench sets the client's first backoff to 0
-(``vrt._client.client.BACKOFF_FIRST``, in this process only) so that a gap is the path's own
-cost; ``--client-backoff`` keeps the client's policy.
+vrt.connect waits a backoff before it resumes after a loss other than 1012: 25-50 ms at
+first, doubled for a resume whose connection drops within 5 s of it, so here 25-50 ms
+after the first cut of a session and 50-100 ms after the second (none after the 1012).
+The client runs as shipped; the resume gaps start at the new connection, after that wait,
+so they are the path's own cost. The wait is in the "as the app sees it" rows
+(``vrt.Reconnecting`` to ``vrt.Resumed``), printed beside them.
 """
 
 from __future__ import annotations
@@ -49,7 +53,6 @@ import contextlib
 import itertools
 import os
 import platform
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -59,11 +62,71 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bench_common import version
-from load_nodes import cpu_seconds, ms, percentile, show, the_store, vrt_commit, vrt_serve
 
 import vrt
-from vrt.testing import LoopbackProxy
+from bench.fleet import show
+from bench.harness import (
+    HOST,
+    cpu_seconds,
+    ms,
+    percentile,
+    shown,
+    the_store,
+    version,
+    vrt_commit,
+    vrt_serve,
+)
+
+
+class Proxy:
+    """The load balancer: listens on loopback and pipes every connection to
+    ``target_port``; :meth:`cut` drops every connection through it at once, both ways, as
+    a network failure would. :attr:`accepted` holds when each connection arrived."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.accepted: list[float] = []
+        """``time.perf_counter()`` as each connection was accepted."""
+        self._scopes: set[trio.CancelScope] = set()
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``task_status`` gets the proxy's port."""
+        listeners = await trio.open_tcp_listeners(0, host=HOST)
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            await trio.serve_listeners(self._pipe, listeners, handler_nursery=nursery)
+
+    def cut(self) -> None:
+        scopes, self._scopes = self._scopes, set()
+        for scope in scopes:
+            scope.cancel()
+
+    def arrived_before(self, moment: float) -> float:
+        """When the last connection before ``moment`` arrived."""
+        return max(at for at in self.accepted if at <= moment)
+
+    async def _pipe(self, downstream: trio.SocketStream) -> None:
+        self.accepted.append(time.perf_counter())
+        scope = trio.CancelScope()
+        self._scopes.add(scope)
+        try:
+            async with downstream:
+                with scope:
+                    upstream = await trio.open_tcp_stream(HOST, self.target_port)
+                    async with upstream, trio.open_nursery() as nursery:
+                        nursery.start_soon(_copy, downstream, upstream, nursery.cancel_scope)
+                        nursery.start_soon(_copy, upstream, downstream, nursery.cancel_scope)
+        finally:
+            self._scopes.discard(scope)
+
+
+async def _copy(source: trio.SocketStream, sink: trio.SocketStream, done: trio.CancelScope) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        async for data in source:
+            await sink.send_all(data)
+    done.cancel()  # one side closed: close the other
 
 
 @dataclass
@@ -164,14 +227,14 @@ async def run(args: argparse.Namespace) -> Figures:
                         1,
                         redis.url,
                         folder,
-                        target="load_agent:relay_agent",
+                        target="bench.agents:relay_agent",
                         env=env,
                         extra=["--node", name],
                     )
                 )
-                print(f"node {name}: (cd bench && {' '.join(_shown(served.command))})")
+                print(f"node {name}: {' '.join(shown(served.command))}")
                 nodes.append(served)
-            proxy = LoopbackProxy(nodes[0].port)
+            proxy = Proxy(nodes[0].port)
             nursery = await stack.enter_async_context(trio.open_nursery())
             await nursery.start(proxy.run)
             for trial in range(-1, args.trials):  # -1: a warm-up (imports, caches)
@@ -187,15 +250,15 @@ async def run(args: argparse.Namespace) -> Figures:
                     seen = Seen()
                     reading.start_soon(seen.read, channel)
                     warm = trial < 0
-                    await turn(client, seen, nodes, f, "direct", None, owner, warm)
-                    await turn(client, seen, nodes, f, "resumed", proxy.cut, owner, warm)
+                    await turn(client, seen, nodes, proxy, f, "direct", None, owner, warm)
+                    await turn(client, seen, nodes, proxy, f, "resumed", proxy.cut, owner, warm)
                     other = 1 - owner
 
                     def relay(other: int = other) -> None:
                         proxy.target_port = nodes[other].port
                         proxy.cut()
 
-                    await turn(client, seen, nodes, f, "relayed", relay, owner, warm)
+                    await turn(client, seen, nodes, proxy, f, "relayed", relay, owner, warm)
                     if redis is not None and not warm:
                         f.state.append(max(redis.session_records(), default=0))
                     reading.cancel_scope.cancel()
@@ -212,6 +275,7 @@ async def turn(
     client: vrt.Client,
     seen: Seen,
     nodes: list[Any],
+    proxy: Proxy,
     f: Figures,
     kind: str,
     cut: Callable[[], None] | None,
@@ -231,7 +295,8 @@ async def turn(
         index, lost, _ = await seen.until(lambda e: isinstance(e, vrt.Reconnecting), index)
         index, back, _ = await seen.until(lambda e: isinstance(e, vrt.Resumed), index)
         if not warm:
-            f.gaps[kind].append(back - lost)
+            f.gaps[kind].append(back - proxy.arrived_before(back))
+            f.gaps[kind + ", as the app sees it"].append(back - lost)
         after = back
     index, _, _ = await seen.until(ended, start)
     if kind == "relayed":  # the owner hands the session over at the turn's end: 1012
@@ -245,10 +310,6 @@ async def turn(
         f.cpu[kind].append(spent[owner])
         f.cpu[kind + ", the other node"].append(spent[1 - owner])
         account(seen, start, len(seen.events), kind, cut_at, after, f)
-
-
-def _shown(command: list[str]) -> list[str]:
-    return ["python" if part == sys.executable else part for part in command]
 
 
 def report(f: Figures, args: argparse.Namespace) -> None:
@@ -267,6 +328,9 @@ def report(f: Figures, args: argparse.Namespace) -> None:
     print(row(f"the rest of a turn ({args.steps - 2} steps), relayed", f.rest["relayed"]))
     print(row("resume gap, on the same node", f.gaps["resumed"]))
     print(row("resume gap, relayed to the owner", f.gaps["relayed"]))
+    seen_by_app = "  as the app sees it (+ the client's wait)"
+    print(row(seen_by_app, f.gaps["resumed, as the app sees it"]))
+    print(row("  the same, relayed", f.gaps["relayed, as the app sees it"]))
     print(row("move gap (1012 -> adopted elsewhere)", f.gaps["moved"]))
     direct = percentile(f.rtt["direct"], 0.5)
     relayed = percentile(f.rtt["relayed"], 0.5)
@@ -306,26 +370,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps a turn, an app call each (10)")
     parser.add_argument("--store", default="auto", help="redis://HOST:PORT, or auto (auto)")
     parser.add_argument("--quick", action="store_true", help="10 trials")
-    parser.add_argument(
-        "--client-backoff", action="store_true", help="keep vrt.connect's resume backoff"
-    )
     args = parser.parse_args()
     if args.quick:
         args.trials = 10
-    if not args.client_backoff:
-        import vrt._client.client
-
-        vrt._client.client.BACKOFF_FIRST = 0.0  # the gaps without the client's own wait
     if args.steps < 4:
         parser.error("--steps must be at least 4")
     print(
         f"vrt relay benchmark: Python {platform.python_version()}, trio {version('trio')}, "
         f"{os.cpu_count()} CPUs, loopback; vrt from {os.path.dirname(vrt.__file__)}"
-        f"{vrt_commit()}\ntwo vrt serve nodes, one vrt.connect client and "
-        "a LoopbackProxy in this process; "
-        + ("the client's resume backoff as shipped" if args.client_backoff else
-           "the client's resume backoff set to 0 (the gaps are the path's own)")
-    )  # fmt: skip
+        f"{vrt_commit()}\ntwo vrt serve nodes, one vrt.connect client (as shipped) and a "
+        "loopback proxy in this process; a resume gap starts when the new connection reaches "
+        "the proxy"
+    )
     start = time.perf_counter()
     figures = trio.run(run, args)
     report(figures, args)

@@ -1,8 +1,8 @@
 """``vrt serve`` with the OpenTelemetry SDK installed first: the traced server of
-``python bench/load.py --tracing`` (bench/README.md, "Tracing on against off").
+``python -m bench.load --tracing`` (bench/README.md, "Tracing on against off").
 
-``python tracing.py MODE serve load_agent:agent ...`` (cwd bench/), MODE ``traces`` or
-``traces+metrics``: before vrt is imported it sets, as the global providers,
+``python -m bench.tracing MODE serve bench.agents:agent ...`` (from the repository's root),
+MODE ``traces`` or ``traces+metrics``: before vrt is imported it sets, as the global providers,
 
 - ``traces``: a ``TracerProvider`` with a ``BatchSpanProcessor`` (the SDK's defaults: a
   queue of 2,048 spans, batches of 512, every 5 s or when 512 wait) over an in-memory
@@ -15,7 +15,7 @@ then runs the ``vrt`` command line (``vrt._cli.main``) with the rest of its argu
 bench stops its servers so) the providers are shut down (the last spans exported) and one
 line goes to stderr, ``vrt-bench-tracing {...}``: the spans exported by name's first word
 (``invoke_agent``, ``chat``, ``execute_tool``), the ones the exporter still holds, and with
-metrics the data points and a few sums (calls, turns recorded). bench/load_nodes.py reads
+metrics the data points and a few sums (calls, turns recorded). bench/serving.py reads
 it from the server's log.
 
 The line also gives the CPU seconds of each of the process's threads by name (the batch
@@ -139,7 +139,7 @@ def threads_cpu() -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in MODES:
-        print(f"usage: tracing.py {{{','.join(MODES)}}} serve ...", file=sys.stderr)
+        print(f"usage: python -m bench.tracing {{{','.join(MODES)}}} serve ...", file=sys.stderr)
         return 2
     mode, rest = argv[0], argv[1:]
     tracer_provider, exporter, meter_provider, reader = install(mode)

@@ -1,12 +1,12 @@
 """Wire cost: vrt/1 over WebSockets against raw trio-websocket and asyncio ``websockets``.
 
-Run it as ``python bench/wire.py`` (``--quick`` for a smoke run, ``--profile`` for a
+Run it as ``python -m bench.wire`` (``--quick`` for a smoke run, ``--profile`` for a
 cProfile of the vrt stream flow, with ``--legacy`` in the legacy setting, ``--help`` for
 the knobs). The trio side runs in one
 process and one ``trio.run``, over loopback (127.0.0.1, port 0): every server shares the
 thread with its client, on the raw side and the vrt side alike, so each figure covers both
 ends of the connection. The asyncio ``websockets`` rows run the same way in a subprocess of
-their own (``sys.executable bench/ws_asyncio.py``: server and client in one asyncio loop;
+their own (``python -m bench.ws_asyncio``: server and client in one asyncio loop;
 the trio process never imports ``websockets``, an extra of the bench only:
 ``pip install -e '.[bench]'``; without it the rows say "not installed").
 
@@ -97,11 +97,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import trio
-from bench_common import version
 from trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
@@ -111,6 +109,7 @@ from trio_websocket import (
 )
 
 import vrt
+from bench.harness import ROOT, version, vrt_from
 from vrt._wire.messages import CAPABILITIES, LEGACY
 
 HOST = "127.0.0.1"
@@ -132,7 +131,6 @@ SETTINGS: dict[str, tuple[str, ...]] = {"capabilities": CAPABILITIES, "legacy": 
 """What the vrt client offers, by setting (the servers offer every capability)."""
 MEASURED = "call_3"
 """The app call of the captured (a) session whose frames are replayed."""
-ASYNCIO_SCRIPT = Path(__file__).with_name("ws_asyncio.py")
 TARGET_RTT_RATIO = 1.5
 STRETCH_RTT_RATIO = 1.2
 TARGET_CPU_RATIO = 1.0
@@ -665,7 +663,8 @@ async def asyncio_job(job: dict[str, Any]) -> dict[str, Any] | None:
     """Run a job of bench/ws_asyncio.py in a fresh ``sys.executable``; None if
     ``websockets`` is not installed there."""
     done = await trio.run_process(
-        [sys.executable, str(ASYNCIO_SCRIPT)],
+        [sys.executable, "-m", "bench.ws_asyncio"],
+        cwd=ROOT,
         stdin=json.dumps(job).encode(),
         capture_stdout=True,
     )
@@ -1094,7 +1093,7 @@ def main(argv: list[str] | None = None) -> None:
         f"trio-websocket {version('trio-websocket')}, wsproto {version('wsproto')}, "
         f"websockets {version('websockets')} (asyncio, a subprocess), {platform.machine()}, "
         f"{os.cpu_count()} CPUs ({allowed} allowed); the trio side in one thread, "
-        f"loopback, server and client in one trio.run"
+        f"loopback, server and client in one trio.run\n{vrt_from()}"
     )
     print(
         f"workload: (a) app tool ping, one call per model step then a {PAUSE * 1e3:g} ms pause;"

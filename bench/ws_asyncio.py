@@ -1,6 +1,6 @@
 """The asyncio ``websockets`` rows of bench/wire.py, in a process of their own.
 
-bench/wire.py runs this script as ``sys.executable bench/ws_asyncio.py`` with a JSON job
+bench/wire.py runs it as ``sys.executable -m bench.ws_asyncio`` with a JSON job
 on stdin and reads one JSON object from stdout; the trio process never imports
 ``websockets`` (a bench extra, ``pip install -e '.[bench]'``, never a dependency of vrt).
 Server and client share one asyncio event loop (the stock loop, no uvloop) over loopback

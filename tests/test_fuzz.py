@@ -1,34 +1,31 @@
 """Fuzzing the sans-IO cores with generated and mutated frames, and what the fuzzing found.
 
-The generator, the mutator, the checks and the oracle are ``bench/fuzz.py``'s, which runs
-100,000 cases and more outside pytest. Here Hypothesis makes every one of its choices (see
-:class:`Draws`), so a failure shrinks to a short sequence of small frames, and a seeded
-slice checks that the generator still reaches every outcome. For each frame a core may
-only return valid session actions (or, on the client, events), queue ``error`` replies and
-a clean ``closed``, all valid against their schemas, numbered right and free of
-tracebacks; nothing may escape ``receive``, no frame may take long, and after each sequence
-the core must still work (see ``ServerDriver.probe``). With ``oracle=True`` every answer
-is also checked against the one ``json`` and jsonschema call for.
+The generator, the mutator, the checks and the oracle are :mod:`tests.fuzzing`'s, which
+``python -m tests.fuzzing`` runs for 100,000 cases and more outside pytest. Here Hypothesis
+makes every one of its choices (see :class:`Draws`), so a failure shrinks to a short
+sequence of small frames, and a seeded slice checks that the generator still reaches every
+outcome. For each frame a core may only return valid session actions (or, on the client,
+events), queue ``error`` replies and a clean ``closed``, all valid against their schemas,
+numbered right and free of tracebacks; nothing may escape ``receive``, no frame may take
+long, and after each sequence the core must still work (see ``ServerDriver.probe``). With
+``oracle=True`` every answer is also checked against the one ``json`` and jsonschema call
+for.
 
 The servers here take frames of at most ``LIMIT`` bytes, so frames near the limit stay
 small. One known bug is kept out of the generator's way until ``vrt/_wire/server.py`` is
 fixed: a raw lone surrogate in a ``str`` frame of more than ``max_message_size // 4``
 characters makes ``ServerProtocol.receive`` raise UnicodeEncodeError (it encodes the frame
-to measure it). ``python bench/fuzz.py`` still finds it.
+to measure it). ``python -m tests.fuzzing`` still finds it.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
@@ -36,6 +33,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from tests.fuzzing.drivers import ClientDriver, ServerDriver, client_sequence, server_sequence
+from tests.fuzzing.frames import Frames, RandomChooser
+from tests.fuzzing.oracle import verdict
 from vrt._core.fastcheck import compile_schema, unique
 from vrt._wire import codec
 from vrt._wire import messages as m
@@ -50,22 +50,6 @@ FRAME_TIME = 2.0
 """The longest any one frame may take, in seconds (they take well under 10 ms)."""
 HANG = 10.0
 """After this many seconds a frame is stopped (SIGALRM) and the test fails, not hangs."""
-
-
-def _load_bench() -> ModuleType:
-    bench = Path(__file__).resolve().parent.parent / "bench"
-    if str(bench) not in sys.path:
-        sys.path.append(str(bench))  # what running it as a script gives it: bench_common
-    path = bench / "fuzz.py"
-    spec = importlib.util.spec_from_file_location("vrt_bench_fuzz", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_bench()
 
 
 class Draws:
@@ -109,18 +93,18 @@ def _ignore(outcome: str) -> None:
 @given(st.data())
 def test_server_core_survives_fuzzed_sequences(data: st.DataObject) -> None:
     draws = Draws(data)
-    frames = fuzz.Frames(draws, LIMIT)
-    driver = fuzz.ServerDriver(LIMIT, oracle=True, time_limit=FRAME_TIME, hang=HANG)
-    fuzz.server_sequence(draws, frames, driver, _ignore)
+    frames = Frames(draws, LIMIT)
+    driver = ServerDriver(LIMIT, oracle=True, time_limit=FRAME_TIME, hang=HANG)
+    server_sequence(draws, frames, driver, _ignore)
 
 
 @FUZZ
 @given(st.data())
 def test_client_core_survives_fuzzed_sequences(data: st.DataObject) -> None:
     draws = Draws(data)
-    frames = fuzz.Frames(draws, LIMIT)
-    driver = fuzz.ClientDriver(oracle=True, time_limit=FRAME_TIME, hang=HANG)
-    fuzz.client_sequence(draws, frames, driver, _ignore)
+    frames = Frames(draws, LIMIT)
+    driver = ClientDriver(oracle=True, time_limit=FRAME_TIME, hang=HANG)
+    client_sequence(draws, frames, driver, _ignore)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -128,13 +112,13 @@ def test_client_core_survives_fuzzed_sequences(data: st.DataObject) -> None:
 def test_the_generators_valid_frames_are_valid(data: st.DataObject, cls: type[Any]) -> None:
     """The fuzzer starts from valid frames of every type (else its mutants test little)."""
     draws = Draws(data)
-    frames = fuzz.Frames(draws, LIMIT)
+    frames = Frames(draws, LIMIT)
     if cls in m.CLIENT_TYPES:
         message = frames.client_message(cls.TYPE, 3, 1)
     else:
         message = frames.server_message(cls.TYPE, 3, 1, 1)
-    verdict = fuzz.verdict(frames.valid(message), [cls.TYPE])
-    assert verdict.code is None, message
+    expected = verdict(frames.valid(message), [cls.TYPE])
+    assert expected.code is None, message
 
 
 SERVER_OUTCOMES = {
@@ -157,8 +141,8 @@ SERVER_OUTCOMES = {
 
 @pytest.mark.parametrize("core", ["server", "client"])
 def test_a_seeded_slice_reaches_every_outcome(core: str) -> None:
-    chooser = fuzz.RandomChooser(random.Random(0))
-    frames = fuzz.Frames(chooser, LIMIT)
+    chooser = RandomChooser(random.Random(0))
+    frames = Frames(chooser, LIMIT)
     outcomes: Counter[str] = Counter()
 
     def count(outcome: str) -> None:
@@ -166,11 +150,11 @@ def test_a_seeded_slice_reaches_every_outcome(core: str) -> None:
 
     for _ in range(150):
         if core == "server":
-            server = fuzz.ServerDriver(LIMIT, oracle=True, time_limit=FRAME_TIME, hang=HANG)
-            fuzz.server_sequence(chooser, frames, server, count)
+            server = ServerDriver(LIMIT, oracle=True, time_limit=FRAME_TIME, hang=HANG)
+            server_sequence(chooser, frames, server, count)
         else:
-            client = fuzz.ClientDriver(oracle=True, time_limit=FRAME_TIME, hang=HANG)
-            fuzz.client_sequence(chooser, frames, client, count)
+            client = ClientDriver(oracle=True, time_limit=FRAME_TIME, hang=HANG)
+            client_sequence(chooser, frames, client, count)
     if core == "server":
         assert set(outcomes) >= SERVER_OUTCOMES, outcomes
     else:

@@ -1,5 +1,5 @@
-"""The agents of bench/load.py, importable by ``vrt serve`` (``vrt serve load_agent:agent``
-from this directory, or ``load_agent:relay_agent``).
+"""The agents the benches serve, importable by ``vrt serve`` from the repository's root
+(``vrt serve bench.agents:agent``, or ``bench.agents:relay_agent``).
 
 ``agent``: every turn ``VRT_LOAD_STEPS`` model steps (2 by default), each a few words, the
 server tool ``lookup`` (``risk="low"``, a two-field JSON Schema, arguments in 2
@@ -72,9 +72,9 @@ def make_relay_agent(steps: int, turns: int) -> vrt.Agent:
 
 
 def make_asgi_app() -> Any:
-    """``agent`` as an ASGI app with the options bench/load_nodes.py gives ``vrt serve``
+    """``agent`` as an ASGI app with the options bench/harness.py gives ``vrt serve``
     (``SERVE_FLAGS``) that ``vrt.asgi`` takes, for ``hypercorn --worker-class trio
-    'load_agent:make_asgi_app()'`` (bench/asgi.py); vrt's warnings and errors on stderr
+    'bench.agents:make_asgi_app()'`` (bench/asgi.py); vrt's warnings and errors on stderr
     with their level, as ``vrt serve --log-level warning`` shows them."""
     import logging
 
