@@ -201,7 +201,7 @@ def unique(v: Any) -> bool:
     """``uniqueItems``: no two items of a list are JSON-equal.
 
     A set of canonical keys, not every pair compared: a 1 MiB frame holds some 150,000
-    items, and comparing each pair took hours (found by bench/fuzz.py).
+    items, and comparing each pair took hours (found by the fuzzer, tests/fuzzing).
     """
     if type(v) is not list:
         return True

@@ -87,7 +87,7 @@ _BY_TYPE: dict[str, type[Any]] = {cls.TYPE: cls for cls in (*m.CLIENT_TYPES, *m.
 # The error messages are jsonschema's, but a frame of 1 MiB may hold 250,000 items: jsonschema
 # descends into every one (about 5 µs each), and compares every pair for uniqueItems when
 # they do not sort. So its validator is given the compiled check of ``items`` to skip the
-# items that pass, and the linear uniqueness check (both found by bench/fuzz.py).
+# items that pass, and the linear uniqueness check (both found by the fuzzer, tests/fuzzing).
 _ITEM_CHECKS: dict[int, tuple[Any, Check]] = {}
 
 
