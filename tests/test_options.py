@@ -10,7 +10,6 @@ import inspect
 import re
 import subprocess
 import sys
-import sys
 from pathlib import Path
 from typing import Any
 
