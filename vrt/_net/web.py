@@ -31,6 +31,10 @@ WEB_FILES = {
     "/vrt.js": ("vrt.js", "text/javascript; charset=utf-8"),
     "/vrt.d.ts": ("vrt.d.ts", "text/plain; charset=utf-8"),
     "/machines.js": ("machines.js", "text/javascript; charset=utf-8"),
+    # the modules vrt.js imports (by relative URL: they are served beside it)
+    "/protocol.js": ("protocol.js", "text/javascript; charset=utf-8"),
+    "/runner.js": ("runner.js", "text/javascript; charset=utf-8"),
+    "/codec.js": ("codec.js", "text/javascript; charset=utf-8"),
 }
 """Every path the front serves: the file in ``vrt/web`` and its content type."""
 
