@@ -24,6 +24,7 @@ from vrt._cli import main, webschemas, webtables
 from vrt._core import fastcheck
 from vrt._core.fastcheck import compile_schema
 from vrt._core.tables import Table
+from vrt._net.web import WEB_FILES
 from vrt._wire import codec
 from vrt._wire import messages as m
 
@@ -170,10 +171,27 @@ async def test_the_front_serves_the_web_files_and_nothing_else(vrt_serve: Any) -
     assert (status, headers["allow"]) == (405, "GET, HEAD")
     status, _, _ = await http(server, get("/x" * 9000))  # a head over 16 KiB
     assert status == 431
-    for path, kind in (("/vrt.js", "text/javascript"), ("/vrt.d.ts", "text/plain")):
+    for path, (name, kind) in WEB_FILES.items():
         status, headers, body = await http(server, get(path))
-        assert status == 200 and body == (webtables.WEB / path[1:]).read_bytes(), path
-        assert headers["content-type"] == f"{kind}; charset=utf-8"
+        assert status == 200 and body == (webtables.WEB / name).read_bytes(), path
+        assert headers["content-type"] == kind
+
+
+def test_every_module_vrt_js_imports_is_served() -> None:
+    """vrt.js imports its modules by relative URL, so each is fetched from the front beside
+    it: a module of vrt/web that is not in WEB_FILES would fail only in a browser. And every
+    served script is one of them (nothing in WEB_FILES that vrt.js does not load)."""
+    imported = re.compile(r'^(?:import|export)\b[^;]*?\bfrom "\./([\w.-]+)";', re.M | re.S)
+    seen, todo = set(), ["vrt.js"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += imported.findall((webtables.WEB / name).read_text())
+    scripts = {path[1:] for path, (_, kind) in WEB_FILES.items() if "javascript" in kind}
+    assert seen == scripts
+    assert {"codec.js", "protocol.js", "runner.js", "views.js", "machines.js"} < seen
+    assert {p.name for p in webtables.WEB.glob("*.js")} == seen
 
 
 async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) -> None:

@@ -3,10 +3,9 @@
 //
 // Frames in, messages and events out; no socket, no timer. It holds the session as the
 // client sees it: the Connection machine, the negotiated capabilities, the epoch, seq and
-// ack, the replay buffer and the outbox (numbered frames the client writes), each call's
-// CallView machine (so the app never sees two terminal phases for one call: interrupt()
-// cancels every open view at once, locally, and the server's own late phases are dropped),
-// the local previews, and the epoch gate in front of the app-tool runner (runner.js).
+// ack, the replay buffer and the outbox (numbered frames the client writes), and it reads
+// each message from the server, handing each call's phases to the call views (views.js)
+// and each tool.call, through the epoch gate, to the app-tool runner (runner.js).
 //
 // The client (vrt.js) pumps it through a narrow `host`: emit(type, detail) gives the app
 // an event (at once: a listener sees the state of that moment), queued() says the outbox
@@ -18,8 +17,9 @@
 // Each frame is checked as the Python client checks it (codec.js): a frame or message
 // that fails is an `error` event with the Python client's code and message, and dropped.
 
-import { CALL_VIEW, CONNECTION, InvalidTransition, Machine } from "./machines.js";
-import { Broken, VrtError, argumentsText, encode, parse, structure } from "./codec.js";
+import { CONNECTION, Machine } from "./machines.js";
+import { Broken, VrtError, encode, parse, structure } from "./codec.js";
+import { CallViews } from "./views.js";
 
 /** The protocol this client speaks (PROTOCOL.md). */
 export const PROTOCOL = "vrt/1";
@@ -37,49 +37,6 @@ const HANDOVER_V1 = "handover-v1";
 const OPEN_LIMIT = 256;
 const ENDED_KEPT = 100; // turns whose turn.ended the app saw (a second one is dropped)
 const BATCH_MESSAGES = 100;
-const IGNORED_KEPT = 1000; // calls of interrupted turns remembered (the newest)
-const PREVIEW_KEPT = 1 << 20; // characters of a call's arguments a local preview keeps
-const PREVIEW_STEP = 64;
-const TERMINAL = new Set(["settled", "cancelled", "failed"]);
-const VIEW_EVENT = {
-  "arguments-delta": "delta",
-  "arguments-complete": "complete",
-  progress: "progress",
-  settled: "settle",
-  cancelled: "cancel",
-  failed: "fail",
-};
-
-/** Which local previews are shown: vrt/_core/previews.py's rule, the server's own. */
-class Previews {
-  constructor() {
-    this.sent = new Map(); // callId -> length last shown, or -1 once complete
-    this.ending = new Set();
-  }
-  stream(event) {
-    if (TERMINAL.has(event.phase)) this.ending.add(event.callId);
-  }
-  forget(callId) {
-    this.sent.delete(callId);
-    this.ending.delete(callId);
-  }
-  wanted(preview) {
-    const id = preview.callId;
-    const last = this.sent.get(id);
-    const size = preview.arguments.length;
-    if (this.ending.has(id)) {
-      this.forget(id);
-      return last === undefined || (last !== -1 && (preview.complete || size !== last));
-    }
-    if (last === -1) return false;
-    if (last === undefined || preview.complete || size - last >= Math.max(PREVIEW_STEP, Math.floor(last / 4))) {
-      this.sent.set(id, preview.complete ? -1 : size);
-      return true;
-    }
-    return false;
-  }
-}
-
 /** One client's protocol state, driven by vrt.js's Client (see the module's comment).
  * `options`: the app tools (name -> tool), the capabilities offered and the client's
  * limits; `host`: the client's hooks; `runner`: the app-tool runner (runner.js). */
@@ -104,13 +61,10 @@ export class Protocol {
     this.replayBytes = 0;
     this.overflowed = false; // the replay buffer went over its bound: the session must end
     this.outbox = [];
-    this.views = new Map(); // callId -> {machine, first, fragments, chars, text}
-    this.ignored = new Set(); // calls of turns the user interrupted (the newest IGNORED_KEPT)
+    this.views = new CallViews((type, detail) => host.emit(type, detail));
     this.openTurn = null; // the turn the app saw start and not end (handover-v1)
     this.ended = new Set(); // turns whose turn.ended the app saw (the newest ENDED_KEPT)
-    this.previews = new Previews();
     this.batching = false;
-    this.localPreviews = false;
   }
 
   // -- the client's actions ---------------------------------------------------------------------
@@ -154,12 +108,7 @@ export class Protocol {
   /** Each call without a terminal phase (as its start showed it), at most OPEN_LIMIT - 1,
    * then the open turn if none of them is of it (vrt/_wire/client.py's held_open()). */
   _heldOpen() {
-    const held = [];
-    for (const [callId, view] of this.views) {
-      if (held.length === OPEN_LIMIT - 1) break;
-      const { turnId, name, kind } = view.first;
-      held.push({ turnId, callId, name, kind });
-    }
+    const held = this.views.held(OPEN_LIMIT - 1);
     const turn = this.openTurn;
     if (turn !== null && held.every((entry) => entry.turnId !== turn)) held.push({ turnId: turn });
     return held;
@@ -176,13 +125,7 @@ export class Protocol {
    * runner's calls aborted; then the server is told. */
   interrupt() {
     this.epoch += 1;
-    for (const [callId, view] of this.views) {
-      view.machine.send("cancel");
-      this._ignore(callId);
-      this.previews.forget(callId);
-      this.host.emit("tool.stream", { ...view.first, phase: "cancelled" });
-    }
-    this.views.clear();
+    this.views.cancelAll();
     this.runner.abortAll("interrupted");
     this.send({ type: "interrupt", epoch: this.epoch });
   }
@@ -358,7 +301,7 @@ export class Protocol {
     this.epoch = Math.max(this.epoch, msg.epoch);
     this.capabilities = msg.capabilities.filter((c) => this.offered.includes(c));
     this.batching = this.capabilities.includes("batch-v1");
-    this.localPreviews =
+    this.views.local =
       this.capabilities.includes("local-preview-v1") && this.capabilities.includes("tool-stream-v1");
     if (msg.lastSeq <= this.sentSeq) this._peerAcked(msg.lastSeq);
     this.host.welcomed(false);
@@ -386,77 +329,13 @@ export class Protocol {
 
   _onToolStream(msg) {
     const { seq, type, ...event } = msg;
-    const callId = msg.callId;
-    if (this.ignored.has(callId)) return;
-    if (msg.phase === "start") {
-      if (this.views.has(callId) || msg.epoch < this.epoch) {
-        this._ignore(callId); // a call of a turn the user already interrupted
-        return;
-      }
-      const machine = new Machine(CALL_VIEW);
-      const view = { machine, first: event, fragments: [], chars: 0, text: null };
-      this.views.set(callId, view);
-      this._show(view, event);
-      return;
-    }
-    const view = this.views.get(callId);
-    if (view === undefined) return; // final here already (cancelled locally)
-    try {
-      view.machine.send(VIEW_EVENT[msg.phase]);
-    } catch (error) {
-      if (!(error instanceof InvalidTransition)) throw error;
-      this.host.emit("error", {
-        code: "BAD_MESSAGE",
-        message: `from the server: ${msg.phase} while call ${callId} is ${view.machine.state}`,
-      });
-      return;
-    }
-    this._show(view, event);
-    if (!view.machine.final) return;
-    this.views.delete(callId);
-    // The app saw this call end: a queued tool.call for it must never run
-    this.runner.abort(
-      callId,
-      msg.phase === "cancelled" ? "interrupted" : msg.code === "TIMEOUT" ? "timeout" : "aborted",
-    );
-  }
-
-  /** `event` for the app, and with local previews the preview that follows it when the
-   * server would have sent one (the same Previews choice as its own). */
-  _show(view, event) {
-    this.host.emit("tool.stream", event);
-    if (!this.localPreviews) return;
-    if (event.phase === "arguments-delta" && event.delta) {
-      if (view.chars < PREVIEW_KEPT) {
-        // a server that never completes the arguments: bounded here, as in Python
-        view.fragments.push(event.delta);
-        view.chars += event.delta.length;
-      }
-    } else if (event.phase === "arguments-complete" && view.text === null) {
-      view.text = view.fragments.length ? view.fragments.join("") : argumentsText(event.arguments);
-      view.fragments = [];
-    }
-    const text = view.text ?? view.fragments.join("");
-    const preview = {
-      callId: event.callId,
-      turnId: event.turnId,
-      name: event.name,
-      arguments: text,
-      complete: view.text !== null,
-    };
-    this.previews.stream(event);
-    if (this.previews.wanted(preview)) this.host.emit("tool.preview", preview);
-  }
-
-  _ignore(callId) {
-    this.ignored.add(callId);
-    if (this.ignored.size > IGNORED_KEPT) this.ignored.delete(this.ignored.values().next().value);
+    const ended = this.views.stream(event, this.epoch);
+    if (ended !== null) this.runner.abort(msg.callId, ended);
   }
 
   _onToolPreview(msg) {
-    if (this.ignored.has(msg.callId) || this.localPreviews) return;
     const { seq, type, ...preview } = msg;
-    this.host.emit("tool.preview", preview);
+    this.views.preview(preview);
   }
 
   _onToolCall(msg) {
@@ -468,7 +347,7 @@ export class Protocol {
   }
 
   _onConfirmRequest(msg) {
-    if (this.ignored.has(msg.callId)) return;
+    if (this.views.ignoring(msg.callId)) return;
     const { seq, type, ...request } = msg;
     this.host.emit("confirm.request", {
       ...request,
