@@ -108,9 +108,14 @@ export class Client extends EventTarget {
       over: () => this.closed !== null,
       maxMessageSize: this.maxMessageSize,
     });
-    const { maxMessageSize: max, replayLimit: limit, replayLimitBytes: bytes } = this;
     this.proto = new Protocol(
-      { tools: this.tools, capabilities, maxMessageSize: max, replayLimit: limit, replayLimitBytes: bytes },
+      {
+        tools: this.tools,
+        capabilities,
+        maxMessageSize: this.maxMessageSize,
+        replayLimit: this.replayLimit,
+        replayLimitBytes: this.replayLimitBytes,
+      },
       {
         emit: (type, detail) => this._emit(type, detail),
         queued: () => this._queued(),
