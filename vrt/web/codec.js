@@ -6,7 +6,8 @@
 // trio-websocket counts it, its JSON with what Python's json refuses and JSON.parse takes
 // refused too, and each message checked against its type's schema (machines.js, generated
 // from vrt/_wire/schemas/). What fails is a Broken with the Python client's code and
-// message; the core turns it into an `error` event.
+// message; the core turns it into an `error` event. VrtError, what the app is thrown, is
+// here too: every other module throws or recognises it.
 
 import { SCHEMAS, codePoints, explain, pyNumber, pyRepr } from "./machines.js";
 
