@@ -23,10 +23,12 @@ import vrt
 from vrt._cli import main, webschemas, webtables
 from vrt._core import fastcheck
 from vrt._core.fastcheck import compile_schema
+from vrt._core.results import ToolResult
 from vrt._core.tables import Table
 from vrt._net.web import WEB_FILES
 from vrt._wire import codec
 from vrt._wire import messages as m
+from vrt._wire.client import ClientProtocol
 
 NODE = shutil.which("node")
 
@@ -591,3 +593,145 @@ def test_vrt_d_ts_declares_what_vrt_js_exports() -> None:
         re.MULTILINE,
     )
     assert sorted(json.loads(done.stdout)) == sorted(declared)
+
+
+CORE = """
+import {{ Protocol, CAPABILITIES }} from {protocol};
+import {{ Runner }} from {runner};
+const [before, after] = {frames};
+const events = [];
+const hooks = [];
+const tools = new Map([["edit", {{ name: "edit", parameters: {{ type: "object" }},
+                                  run: async (args) => ({{ edited: args.n }}) }}]]);
+let proto;
+const runner = new Runner(tools, {{
+  send: (fields) => proto.send(fields), over: () => proto.connection.final, maxMessageSize: 1 << 20,
+}});
+proto = new Protocol(
+  {{ tools, capabilities: CAPABILITIES, maxMessageSize: 1 << 20, replayLimit: 100,
+     replayLimitBytes: 1 << 21 }},
+  {{
+    emit: (type, d) => events.push([type, d.callId ?? d.turnId, d.phase ?? d.code ?? null]),
+    queued: () => hooks.push("queued"),
+    welcomed: (resumed) => hooks.push(["welcomed", resumed]),
+    refusal: (error) => hooks.push(["refusal", error.code]),
+    closed: (reason) => {{ hooks.push(["closed", reason]); proto.end(); }},
+    finish: (reason) => hooks.push(["finish", reason]),
+  }},
+  runner,
+);
+const written = [proto.hello()];
+for (const frame of before) proto.receive(frame);
+runner.next();
+await new Promise((resolve) => setTimeout(resolve, 10)); // the app tool answers
+proto.interrupt();
+for (const frame of after) proto.receive(frame);
+written.push(...proto.outbox);
+console.log(JSON.stringify({{ written, events, hooks, state: proto.connection.state }}));
+"""
+
+
+def test_the_js_core_runs_without_a_socket_and_writes_what_python_writes() -> None:
+    """vrt.js's protocol core (protocol.js) and app-tool runner (runner.js) are sans-IO:
+    Node drives them with frames and no WebSocket, through the client's hooks. Given the
+    same frames as Python's ClientProtocol, they write the same messages (as JSON: the keys'
+    order differs): the hello, an app call's result, an interrupt, and INTERRUPTED for a
+    call of the old epoch; the server's late phase of a cancelled call is dropped."""
+    assert NODE is not None, "node is needed (.ci/run installs it)"
+
+    def stream(seq: int, call: str, phase: str, **more: Any) -> str:
+        kind = "app" if call == "a" else "server"
+        return codec.encode(
+            m.ToolStreamMessage(
+                seq=seq,
+                call_id=call,
+                turn_id="t1",
+                epoch=0,
+                name="edit",
+                kind=kind,
+                phase=phase,
+                **more,
+            )
+        )
+
+    before = [
+        codec.encode(
+            m.Welcome(
+                seq=1,
+                session_id="s1",
+                resume_token="k",
+                epoch=0,
+                capabilities=tuple(m.CAPABILITIES),
+                resumed=False,
+                last_seq=1,
+            )
+        ),
+        codec.encode(m.TurnStartedMessage(seq=2, turn_id="t1", epoch=0)),
+        stream(3, "a", "start"),
+        codec.encode(
+            m.ToolCallMessage(
+                seq=4, call_id="a", turn_id="t1", epoch=0, name="edit", arguments={"n": 1}
+            )
+        ),
+        stream(5, "b", "start"),
+    ]
+    after = [
+        stream(6, "b", "settled", ok=True),  # late: cancelled here already
+        codec.encode(
+            m.ToolCallMessage(seq=7, call_id="c", turn_id="t1", epoch=0, name="edit", arguments={})
+        ),  # of epoch 0, after the interrupt: never runs
+        codec.encode(m.ClosedMessage(seq=8, reason="server")),
+    ]
+    script = CORE.format(
+        protocol=json.dumps((webtables.WEB / "protocol.js").as_uri()),
+        runner=json.dumps((webtables.WEB / "runner.js").as_uri()),
+        frames=json.dumps([before, after]),
+    )
+    done = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+
+    proto = ClientProtocol(
+        [m.ToolDecl(name="edit", description="", parameters={"type": "object"})], m.CAPABILITIES
+    )
+    proto.hello()
+    seen: list[Any] = []
+    for frame in before:
+        seen += proto.receive(frame)
+    ticket = proto.next_app_call()
+    assert ticket is not None and ticket.arguments == {"n": 1}
+    proto.answer(ticket.call_id, ToolResult.success({"edited": 1}))
+    seen += proto.interrupt()
+    for frame in after:
+        seen += proto.receive(frame)
+    written = [json.loads(text) for text in got["written"]]
+    assert written == [json.loads(text) for text in proto.take_outbox()]
+    assert [message["type"] for message in written] == [
+        "hello",
+        "tool.result",
+        "interrupt",
+        "tool.result",
+    ]
+
+    def shown(event: Any) -> list[Any]:  # as the script writes each event down
+        if isinstance(event, vrt.TurnStarted):
+            return ["turn.started", event.turn_id, None]
+        if isinstance(event, vrt.ToolStream):
+            return ["tool.stream", event.call_id, str(event.phase)]
+        return ["tool.preview", event.call_id, None]
+
+    kinds = (vrt.TurnStarted, vrt.ToolStream, vrt.ToolPreview)
+    assert got["events"] == [shown(e) for e in seen if isinstance(e, kinds)]
+    assert [e[2] for e in got["events"] if e[0] == "tool.stream"] == [
+        "start",
+        "start",
+        "cancelled",
+        "cancelled",
+    ]
+    assert got["hooks"] == [["welcomed", False], "queued", "queued", "queued", ["closed", "server"]]
+    assert got["state"] == "closed"
