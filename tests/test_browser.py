@@ -836,7 +836,7 @@ OVERFLOW = """async ([url, options, texts, pause]) => {
     refused = [error instanceof VrtError, error.code];
   }
   if (client.closed === null) await client.close();
-  return {sent, refused, closed, replay: client.replay.length};
+  return {sent, refused, closed, replay: client.proto.replay.length};
 }"""
 
 

@@ -23,9 +23,12 @@ import vrt
 from vrt._cli import main, webschemas, webtables
 from vrt._core import fastcheck
 from vrt._core.fastcheck import compile_schema
+from vrt._core.results import ToolResult
 from vrt._core.tables import Table
+from vrt._net.web import WEB_FILES
 from vrt._wire import codec
 from vrt._wire import messages as m
+from vrt._wire.client import ClientProtocol
 
 NODE = shutil.which("node")
 
@@ -170,10 +173,27 @@ async def test_the_front_serves_the_web_files_and_nothing_else(vrt_serve: Any) -
     assert (status, headers["allow"]) == (405, "GET, HEAD")
     status, _, _ = await http(server, get("/x" * 9000))  # a head over 16 KiB
     assert status == 431
-    for path, kind in (("/vrt.js", "text/javascript"), ("/vrt.d.ts", "text/plain")):
+    for path, (name, kind) in WEB_FILES.items():
         status, headers, body = await http(server, get(path))
-        assert status == 200 and body == (webtables.WEB / path[1:]).read_bytes(), path
-        assert headers["content-type"] == f"{kind}; charset=utf-8"
+        assert status == 200 and body == (webtables.WEB / name).read_bytes(), path
+        assert headers["content-type"] == kind
+
+
+def test_every_module_vrt_js_imports_is_served() -> None:
+    """vrt.js imports its modules by relative URL, so each is fetched from the front beside
+    it: a module of vrt/web that is not in WEB_FILES would fail only in a browser. And every
+    served script is one of them (nothing in WEB_FILES that vrt.js does not load)."""
+    imported = re.compile(r'^(?:import|export)\b[^;]*?\bfrom "\./([\w.-]+)";', re.M | re.S)
+    seen, todo = set(), ["vrt.js"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += imported.findall((webtables.WEB / name).read_text())
+    scripts = {path[1:] for path, (_, kind) in WEB_FILES.items() if "javascript" in kind}
+    assert seen == scripts
+    assert {"codec.js", "protocol.js", "runner.js", "views.js", "machines.js"} < seen
+    assert {p.name for p in webtables.WEB.glob("*.js")} == seen
 
 
 async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) -> None:
@@ -573,3 +593,145 @@ def test_vrt_d_ts_declares_what_vrt_js_exports() -> None:
         re.MULTILINE,
     )
     assert sorted(json.loads(done.stdout)) == sorted(declared)
+
+
+CORE = """
+import {{ Protocol, CAPABILITIES }} from {protocol};
+import {{ Runner }} from {runner};
+const [before, after] = {frames};
+const events = [];
+const hooks = [];
+const tools = new Map([["edit", {{ name: "edit", parameters: {{ type: "object" }},
+                                  run: async (args) => ({{ edited: args.n }}) }}]]);
+let proto;
+const runner = new Runner(tools, {{
+  send: (fields) => proto.send(fields), over: () => proto.connection.final, maxMessageSize: 1 << 20,
+}});
+proto = new Protocol(
+  {{ tools, capabilities: CAPABILITIES, maxMessageSize: 1 << 20, replayLimit: 100,
+     replayLimitBytes: 1 << 21 }},
+  {{
+    emit: (type, d) => events.push([type, d.callId ?? d.turnId, d.phase ?? d.code ?? null]),
+    queued: () => hooks.push("queued"),
+    welcomed: (resumed) => hooks.push(["welcomed", resumed]),
+    refusal: (error) => hooks.push(["refusal", error.code]),
+    closed: (reason) => {{ hooks.push(["closed", reason]); proto.end(); }},
+    finish: (reason) => hooks.push(["finish", reason]),
+  }},
+  runner,
+);
+const written = [proto.hello()];
+for (const frame of before) proto.receive(frame);
+runner.next();
+await new Promise((resolve) => setTimeout(resolve, 10)); // the app tool answers
+proto.interrupt();
+for (const frame of after) proto.receive(frame);
+written.push(...proto.outbox);
+console.log(JSON.stringify({{ written, events, hooks, state: proto.connection.state }}));
+"""
+
+
+def test_the_js_core_runs_without_a_socket_and_writes_what_python_writes() -> None:
+    """vrt.js's protocol core (protocol.js) and app-tool runner (runner.js) are sans-IO:
+    Node drives them with frames and no WebSocket, through the client's hooks. Given the
+    same frames as Python's ClientProtocol, they write the same messages (as JSON: the keys'
+    order differs): the hello, an app call's result, an interrupt, and INTERRUPTED for a
+    call of the old epoch; the server's late phase of a cancelled call is dropped."""
+    assert NODE is not None, "node is needed (.ci/run installs it)"
+
+    def stream(seq: int, call: str, phase: str, **more: Any) -> str:
+        kind = "app" if call == "a" else "server"
+        return codec.encode(
+            m.ToolStreamMessage(
+                seq=seq,
+                call_id=call,
+                turn_id="t1",
+                epoch=0,
+                name="edit",
+                kind=kind,
+                phase=phase,
+                **more,
+            )
+        )
+
+    before = [
+        codec.encode(
+            m.Welcome(
+                seq=1,
+                session_id="s1",
+                resume_token="k",
+                epoch=0,
+                capabilities=tuple(m.CAPABILITIES),
+                resumed=False,
+                last_seq=1,
+            )
+        ),
+        codec.encode(m.TurnStartedMessage(seq=2, turn_id="t1", epoch=0)),
+        stream(3, "a", "start"),
+        codec.encode(
+            m.ToolCallMessage(
+                seq=4, call_id="a", turn_id="t1", epoch=0, name="edit", arguments={"n": 1}
+            )
+        ),
+        stream(5, "b", "start"),
+    ]
+    after = [
+        stream(6, "b", "settled", ok=True),  # late: cancelled here already
+        codec.encode(
+            m.ToolCallMessage(seq=7, call_id="c", turn_id="t1", epoch=0, name="edit", arguments={})
+        ),  # of epoch 0, after the interrupt: never runs
+        codec.encode(m.ClosedMessage(seq=8, reason="server")),
+    ]
+    script = CORE.format(
+        protocol=json.dumps((webtables.WEB / "protocol.js").as_uri()),
+        runner=json.dumps((webtables.WEB / "runner.js").as_uri()),
+        frames=json.dumps([before, after]),
+    )
+    done = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+
+    proto = ClientProtocol(
+        [m.ToolDecl(name="edit", description="", parameters={"type": "object"})], m.CAPABILITIES
+    )
+    proto.hello()
+    seen: list[Any] = []
+    for frame in before:
+        seen += proto.receive(frame)
+    ticket = proto.next_app_call()
+    assert ticket is not None and ticket.arguments == {"n": 1}
+    proto.answer(ticket.call_id, ToolResult.success({"edited": 1}))
+    seen += proto.interrupt()
+    for frame in after:
+        seen += proto.receive(frame)
+    written = [json.loads(text) for text in got["written"]]
+    assert written == [json.loads(text) for text in proto.take_outbox()]
+    assert [message["type"] for message in written] == [
+        "hello",
+        "tool.result",
+        "interrupt",
+        "tool.result",
+    ]
+
+    def shown(event: Any) -> list[Any]:  # as the script writes each event down
+        if isinstance(event, vrt.TurnStarted):
+            return ["turn.started", event.turn_id, None]
+        if isinstance(event, vrt.ToolStream):
+            return ["tool.stream", event.call_id, str(event.phase)]
+        return ["tool.preview", event.call_id, None]
+
+    kinds = (vrt.TurnStarted, vrt.ToolStream, vrt.ToolPreview)
+    assert got["events"] == [shown(e) for e in seen if isinstance(e, kinds)]
+    assert [e[2] for e in got["events"] if e[0] == "tool.stream"] == [
+        "start",
+        "start",
+        "cancelled",
+        "cancelled",
+    ]
+    assert got["hooks"] == [["welcomed", False], "queued", "queued", "queued", ["closed", "server"]]
+    assert got["state"] == "closed"

@@ -269,8 +269,8 @@ class Options:
             help="also serve the demo page at / (its app tools edit a document in the page)",
         ),
         doc="""Serve the demo page at ``/`` too (what ``vrt demo --web`` does). Plain HTTP
-        on the same port always gets the browser client (``GET /vrt.js``, ``/vrt.d.ts``,
-        ``/machines.js``).""",
+        on the same port always gets the browser client (``GET /vrt.js``, the modules it
+        imports, ``/vrt.d.ts``).""",
     )
     authenticate: Authenticate | None = option(
         None,

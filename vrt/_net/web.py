@@ -4,10 +4,10 @@ A connection's request head is read here first (h11, bounded in bytes; the calle
 handshake deadline bounds it in time). A WebSocket upgrade is handed back, bytes
 untouched, to trio-websocket, where ``allowed_origins`` and ``authenticate`` check it
 exactly as before. Any other request is answered here and the connection closed:
-``GET``/``HEAD`` of ``/vrt.js``, ``/vrt.d.ts`` or ``/machines.js`` (the files of
-``vrt/web``, with an ETag and ``304`` for a matching ``If-None-Match``, importable from any
-origin), ``404`` for any
-other path (no listing, no other file), ``405`` for another method.
+``GET``/``HEAD`` of ``/vrt.js``, the modules it imports (``/machines.js`` and the rest of
+:data:`WEB_FILES`) or ``/vrt.d.ts`` (the files of ``vrt/web``, with an ETag and ``304`` for
+a matching ``If-None-Match``, importable from any origin), ``404`` for any other path (no
+listing, no other file), ``405`` for another method.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ WEB_FILES = {
     "/vrt.js": ("vrt.js", "text/javascript; charset=utf-8"),
     "/vrt.d.ts": ("vrt.d.ts", "text/plain; charset=utf-8"),
     "/machines.js": ("machines.js", "text/javascript; charset=utf-8"),
+    # the modules vrt.js imports (by relative URL: they are served beside it)
+    "/protocol.js": ("protocol.js", "text/javascript; charset=utf-8"),
+    "/views.js": ("views.js", "text/javascript; charset=utf-8"),
+    "/runner.js": ("runner.js", "text/javascript; charset=utf-8"),
+    "/codec.js": ("codec.js", "text/javascript; charset=utf-8"),
 }
 """Every path the front serves: the file in ``vrt/web`` and its content type."""
 

@@ -48,7 +48,7 @@ class ServerOptions(TypedDict, total=False):
 
     web_demo: bool
     """Serve the demo page at ``/`` too (what ``vrt demo --web`` does). Plain HTTP on the same port
-    always gets the browser client (``GET /vrt.js``, ``/vrt.d.ts``, ``/machines.js``).
+    always gets the browser client (``GET /vrt.js``, the modules it imports, ``/vrt.d.ts``).
 
     Default: ``False``. Command line: ``vrt serve --web``.
     """
@@ -269,7 +269,7 @@ class AppOptions(TypedDict, total=False):
 
     web_demo: bool
     """Serve the demo page at ``/`` too (what ``vrt demo --web`` does). Plain HTTP on the same port
-    always gets the browser client (``GET /vrt.js``, ``/vrt.d.ts``, ``/machines.js``).
+    always gets the browser client (``GET /vrt.js``, the modules it imports, ``/vrt.d.ts``).
 
     Default: ``False``. Command line: ``vrt serve --web``.
     """

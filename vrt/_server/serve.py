@@ -76,8 +76,8 @@ async def serve(
     """Serve ``agent`` over vrt/1 WebSockets until cancelled (or drained).
 
     Use ``server = await nursery.start(vrt.serve, agent, host, 0)`` to learn the real
-    port. Plain HTTP on the same port gets the browser client (``GET /vrt.js``,
-    ``/vrt.d.ts``, ``/machines.js``). On cancellation every open session is sent ``closed``
+    port. Plain HTTP on the same port gets the browser client (``GET /vrt.js``, the
+    modules it imports, ``/vrt.d.ts``). On cancellation every open session is sent ``closed``
     with reason ``shutdown`` and its connection closed. Raises OSError at once if it cannot
     listen (a busy port, an unknown host), ValueError for a bad option, TypeError for an
     unknown one.
