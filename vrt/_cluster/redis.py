@@ -1,8 +1,15 @@
 """The store on Redis or Valkey (``redis://``, ``valkey://``): valkey-glide's async client,
-which runs under Trio through anyio, imported when a server first connects.
+which runs under Trio through anyio, imported when a server first connects. It is the
+``trio-vrt[redis]`` extra: without it, :class:`RedisStore` raises :class:`StoreError`
+naming what to install.
 
 The rules are :mod:`vrt._cluster.store`'s; here each change is one Lua script, atomic on the
 server and one round trip.
+
+valkey-glide's Rust core logs by itself, to stdout with ANSI colours or to files under
+``./glide-logs`` (its ``Logger`` has no hook into Python's logging): :meth:`RedisStore.connect`
+turns it off, unless the application configured ``glide.Logger`` first. What the client has
+to say reaches vrt anyway, as the error of the call it failed, which vrt logs once.
 """
 
 from __future__ import annotations
@@ -13,10 +20,23 @@ from typing import Any
 
 import trio
 
-from vrt._cluster.store import KEY_PREFIX, TIMEOUT, Saved, StoreError, node_key, session_key
+from vrt._cluster.store import (
+    KEY_PREFIX,
+    TIMEOUT,
+    Saved,
+    StoreError,
+    StoreForgot,
+    node_key,
+    session_key,
+)
+
+MISSING = "the Redis/Valkey store client is not installed: pip install 'trio-vrt[redis]'"
+"""What :class:`RedisStore` raises (a :class:`StoreError`) without valkey-glide."""
 
 # Each change is one script: atomic on the server, one round trip. KEYS[1] is the
-# session's hash (owner, state), KEYS[2] its history (a list, an item each).
+# session's hash (owner, state), KEYS[2] its history (a list, an item each). A save
+# answers 1 (written), 0 (another node owns it) or -1 (the store lacks history items
+# before the first one sent: it forgot them, or the whole record; nothing written).
 _SAVE = """
 local found = redis.call('HMGET', KEYS[1], 'owner', 'front')
 if found[1] and found[1] ~= ARGV[1] then return 0 end
@@ -26,7 +46,7 @@ local at = tonumber(found[2] or ARGV[5])
 local stored = redis.call('LLEN', KEYS[2])
 local stop = at + stored
 if front > at and stop < front then stop = front end
-if first > stop then return redis.error_reply('history items missing before ' .. first) end
+if first > stop then return -1 end
 if front > at then
   redis.call('LTRIM', KEYS[2], front - at, -1)
   at = front
@@ -72,6 +92,10 @@ class RedisStore:
         password: str | None = None,
         timeout: float = TIMEOUT,
     ) -> None:
+        try:
+            import glide  # noqa: F401 - the extra: here, so that a missing one fails at once
+        except ImportError:
+            raise StoreError(MISSING) from None
         self.host = host
         self.port = port
         self.database = database
@@ -94,8 +118,9 @@ class RedisStore:
                 NodeAddress,
                 ServerCredentials,
             )
-        except ImportError:  # pragma: no cover - a dependency of trio-vrt
-            raise StoreError("valkey-glide is not installed") from None
+        except ImportError:  # pragma: no cover - checked when the store was made
+            raise StoreError(MISSING) from None
+        _quiet_glide()
         credentials = (
             ServerCredentials(password=self._password, username=self._username)
             if self._password is not None
@@ -146,12 +171,13 @@ class RedisStore:
         assert scope.cancelled_caught
         raise StoreError(f"the store did not answer within {self.timeout:g} s")
 
-    async def heartbeat(self, node: str, address: str, ttl: float) -> None:
+    async def heartbeat(self, node: str, address: str, ttl: float) -> bool:
         from glide import ExpirySet, ExpiryType
 
-        await self._call(
-            "set", node_key(node), address, None, ExpirySet(ExpiryType.MILLSEC, _ms(ttl))
+        had = await self._call(  # SET ... GET: the lease as it was
+            "set", node_key(node), address, None, ExpirySet(ExpiryType.MILLSEC, _ms(ttl)), True
         )
+        return had is not None
 
     async def node_address(self, node: str) -> str | None:
         found = await self._call("get", node_key(node))
@@ -177,6 +203,8 @@ class RedisStore:
             _keys(session_id),
             [node, owner, state, str(_ms(ttl)), str(front), str(first), *items],
         )
+        if done == -1:
+            raise StoreForgot(f"history items missing before {first}")
         return bool(done)
 
     async def load(self, session_id: str) -> Saved | None:
@@ -188,17 +216,23 @@ class RedisStore:
     async def delete(self, session_id: str, node: str) -> None:
         await self._script(_DELETE, _keys(session_id), [node])
 
-    async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
+    async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
         from glide import Batch
 
         ids = list(session_ids)
         ms = _ms(ttl)
+        gone: set[str] = set()
         for start in range(0, len(ids), 250):  # one round trip per 250 sessions
             batch = Batch(is_atomic=False)
-            for session_id in ids[start : start + 250]:
+            chunk = ids[start : start + 250]
+            for session_id in chunk:
                 for key in _keys(session_id):
                     batch.pexpire(key, ms)
-            await self._call("exec", batch, False)
+            done = await self._call("exec", batch, False) or ()
+            # PEXPIRE answers False for a key that is not there: the session's hash gone
+            # (an empty history has no key: its list says nothing)
+            gone.update(s for s, found in zip(chunk, done[::2], strict=False) if not found)
+        return gone
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -209,6 +243,14 @@ class RedisStore:
                     await client.close()
                 except Exception:  # closing: nothing left to tell anyone
                     pass
+
+
+def _quiet_glide() -> None:
+    """Turn valkey-glide's own log off (stdout with ANSI colours, or files), unless the
+    application configured it before (``glide.Logger.init`` keeps a configured logger)."""
+    from glide import Logger, LogLevel
+
+    Logger.init(LogLevel.OFF)
 
 
 def _keys(session_id: str) -> list[str]:
