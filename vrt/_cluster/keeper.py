@@ -262,8 +262,12 @@ class Keeper:
         ``abandon``), its connection closed with 1012 and no ``closed``, its record left
         as it is: its client resumes at another node, which adopts it from its last saved
         boundary once this node's lease runs out, as after a crash; the client replays
-        what it sent since (acked only once saved). False if it is not owned here now."""
+        what it sent since (acked only once saved). False if it is not owned here now, or
+        has nothing in the store (never saved: it cannot go on elsewhere, and closes
+        here)."""
         if not (self.host.in_session and self.movement.can("abandon")):
+            return False
+        if self._last is None and not self._adopted:
             return False
         self.movement.send("abandon")
         self.host.let_go()

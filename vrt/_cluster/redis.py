@@ -113,6 +113,7 @@ class RedisStore:
         """Connect (within the timeout), or raise :class:`StoreError`."""
         try:
             from glide import (
+                AdvancedGlideClientConfiguration,
                 GlideClient,
                 GlideClientConfiguration,
                 NodeAddress,
@@ -133,6 +134,10 @@ class RedisStore:
             database_id=self.database,
             request_timeout=int(self.timeout * 1000),
             client_name="trio-vrt",
+            # glide connects with a blocking call (the event loop waits): no longer than this
+            advanced_config=AdvancedGlideClientConfiguration(
+                connection_timeout=int(self.timeout * 1000)
+            ),
         )
         with trio.move_on_after(self.timeout + 1.0) as scope:
             try:

@@ -390,7 +390,7 @@ class Hub:
                 with trio.move_on_after(DRAIN_RETRY):
                     await self._emptied.wait()
         if self.sessions:
-            log.info("drain: %d sessions still in a turn: interrupted", len(self.sessions))
+            log.info("drain: %d sessions not handed over yet: interrupted", len(self.sessions))
             with trio.move_on_after(DRAIN_GRACE):
                 while self.sessions:
                     self._move_all()
@@ -399,11 +399,13 @@ class Hub:
                             actor.session.interrupt()  # (a turn that started meanwhile too)
                     with trio.move_on_after(0.25):
                         await self._emptied.wait()
-        abandoned = sum(
-            actor.keeper.abandon()
-            for actor in list(self.sessions.values())
-            if actor.keeper is not None
-        )
+        left = [actor for actor in self.sessions.values() if actor.keeper is not None]
+        abandoned = sum(actor.keeper.abandon() for actor in left if actor.keeper is not None)
+        if len(left) > abandoned:
+            log.warning(
+                "drain: %d sessions cannot move (nothing of them in the store): they close",
+                len(left) - abandoned,
+            )
         if abandoned:
             log.warning(
                 "drain: %d sessions could not be handed over (%s): let go unsaved; their "
