@@ -219,6 +219,7 @@ def haproxy_config(port: int, backends: list[int]) -> str:
             line = "    maxconn 4096"  # (within the test's file descriptor limit)
         lines.append(line)
     lines += [f"    server n{i} 127.0.0.1:{b} check" for i, b in enumerate(backends)]
+    lines += [f"    server n{i}-any 127.0.0.1:{b} backup" for i, b in enumerate(backends)]
     return "\n".join(lines) + "\n"
 
 

@@ -119,8 +119,8 @@ async def test_a_store_that_forgot_a_session_says_so_and_takes_it_whole(store: S
 
 async def test_a_touch_names_the_records_the_store_no_longer_has(store: Store) -> None:
     kept, gone = sid(), sid() + "x"
-    assert await store.save(kept, "a", "a", b"state", 5)
-    assert await store.save(gone, "a", "a", b"state", 0.2)
+    assert await store.save(kept, "a", "a", b"state", 5, items=[b"i0"])
+    assert await store.save(gone, "a", "a", b"state", 0.2, items=[b"i0"])
     await trio.sleep(0.3)
     assert await store.touch([kept, gone], 5) == {gone}
 

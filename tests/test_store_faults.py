@@ -174,7 +174,7 @@ async def test_a_store_that_forgot_gets_the_whole_session_and_a_drain_loses_noth
     assert not [w for w in warnings(caplog) if "session" in w]  # no WARNING per save
 
 
-@pytest.mark.parametrize("way", ["flushall", "hash evicted"])
+@pytest.mark.parametrize("way", ["flushall", "hash evicted", "history evicted"])
 async def test_an_idle_session_the_store_forgot_is_saved_again_before_a_crash(
     way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

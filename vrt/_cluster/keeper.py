@@ -153,16 +153,22 @@ class Keeper:
         elif self.movement.can("hand_over") and self._nursery is not None:
             self._nursery.start_soon(self.hand_over)
 
-    def resave(self) -> None:
+    def resave(self, everything: bool = True) -> bool:
         """The store forgot this session (its node found out: a heartbeat found the lease
-        gone, or a touch the record): write the last boundary written again, whole, now
-        (or the newer one waiting), by the saver task."""
+        gone, ``everything``; or a touch a key of the record): write the last boundary
+        written again, whole, now (or the newer one waiting), by the saver task. True if
+        it will; False if it is not live, or (not ``everything``) its history is empty,
+        which in Redis is no key at all, and nothing is missing."""
         if not self.host.in_session:
-            return
+            return False
+        last = self._last
+        if not everything and last is not None and not len(last.history):
+            return False
         self._forgotten = True
-        if self._unsaved is None and self._last is None and self.movement.state == "idle":
+        if self._unsaved is None and last is None and self.movement.state == "idle":
             self.boundary(None)  # adopted, and no boundary since: between turns now
         self._wanted.set()
+        return True
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The keeper's task, in the session's nursery until the session ends there: the

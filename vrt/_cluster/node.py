@@ -33,6 +33,10 @@ from vrt._wire import messages as m
 
 log = logging.getLogger("vrt.server")
 
+Resave = Callable[[bool], bool]
+"""A keeper's ``resave(everything)``: the store forgot its session (``everything``: the
+whole store) or some of it; True if it saves it again."""
+
 LEASE = 5.0
 """Seconds a node's lease lasts without a heartbeat: how long after a crash its sessions
 can be adopted elsewhere."""
@@ -84,8 +88,9 @@ class Node:
         """Sessions being adopted here now (a second resume of one waits for it)."""
         self.relayed: set[Any] = set()
         """Client connections this node relays to another (closed with 1012 by a drain)."""
-        self.resavers: dict[str, Callable[[], None]] = {}
-        """Each live session's keeper's ``resave``: the store forgot, save it whole again."""
+        self.resavers: dict[str, Resave] = {}
+        """Each session saved here, its keeper's ``resave``: the store forgot, save it
+        whole again."""
         self.store_ok = True
         """Whether the store answered this node's last call (``GET /healthz`` says ``503
         store unreachable`` while it does not)."""
@@ -129,30 +134,28 @@ class Node:
             if self._stopped:
                 break
             if not had:
-                self._forgot(self.resavers)
+                self._forgot(self.resavers, everything=True)
             elif gone:
                 self._forgot({s: f for s, f in self.resavers.items() if s in gone})
 
-    def _forgot(self, resavers: dict[str, Callable[[], None]]) -> None:
-        """The store forgot: this node's lease (then every session here: restarted without
+    def _forgot(self, resavers: dict[str, Resave], *, everything: bool = False) -> None:
+        """The store forgot: this node's lease (``everything``: restarted without
         persistence, flushed, failed over, or out of reach for longer than the lease), or
-        the records ``resavers`` are for (expired or evicted). Those sessions are saved
-        again, whole; another node that adopted one meanwhile keeps it (that save is
-        refused, and the session is let go here)."""
-        if not resavers:
-            return
-        everything = resavers is self.resavers
-        log.warning(
-            "node %s: the store %s: saving %d sessions again, whole",
-            self.name,
-            "had lost this node's lease (restarted without persistence, flushed, failed "
-            "over, or out of reach for longer than the lease)"
-            if everything
-            else "had lost some sessions' records (expired or evicted)",
-            len(resavers),
-        )
-        for resave in list(resavers.values()):
-            resave()
+        a key of the records ``resavers`` are for (expired or evicted; a missing history
+        list may also be an empty one, which Redis does not keep: each keeper knows).
+        Those sessions are saved again, whole; another node that adopted one meanwhile
+        keeps it (that save is refused, and the session is let go here)."""
+        count = sum(resave(everything) for resave in list(resavers.values()))
+        if count:
+            log.warning(
+                "node %s: the store %s: saving %d sessions again, whole",
+                self.name,
+                "had lost this node's lease (restarted without persistence, flushed, failed "
+                "over, or out of reach for longer than the lease)"
+                if everything
+                else "had lost some sessions' records (expired or evicted)",
+                count,
+            )
 
     def store_failed(self, exc: StoreError) -> None:
         """A store call failed (``exc``): the first since the store last answered logs the

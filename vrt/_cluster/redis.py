@@ -234,9 +234,10 @@ class RedisStore:
                 for key in _keys(session_id):
                     batch.pexpire(key, ms)
             done = await self._call("exec", batch, False) or ()
-            # PEXPIRE answers False for a key that is not there: the session's hash gone
-            # (an empty history has no key: its list says nothing)
-            gone.update(s for s, found in zip(chunk, done[::2], strict=False) if not found)
+            # PEXPIRE answers False for a key that is not there: the session's hash or its
+            # history list gone (an empty history is no key either: its keeper knows)
+            pairs = zip(chunk, done[::2], done[1::2], strict=False)
+            gone.update(s for s, record, history in pairs if not (record and history))
         return gone
 
     async def aclose(self) -> None:

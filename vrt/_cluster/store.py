@@ -113,7 +113,9 @@ class Store(Protocol):
 
     async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
         """Keep these sessions' records ``ttl`` seconds more (a node's live sessions); the
-        ids of those the store no longer has (it forgot them: expired, evicted, flushed)."""
+        ids of those the store no longer has whole (it forgot them, or part of them:
+        expired, evicted, flushed; on Redis an empty history, which is no key, looks the
+        same: the caller knows whether it has one)."""
 
     async def aclose(self) -> None:
         """Close the connection to the store."""
