@@ -100,10 +100,12 @@ def redis_server() -> Iterator[str]:
 @attrs.frozen(kw_only=True)
 class RedisCluster:
     """A Redis Cluster on loopback: its first node's URL (what ``--store`` is given, as an
-    operator gives any one node), and each master's port with its slot ranges."""
+    operator gives any one node), each master's port with its slot ranges, and the port
+    of a replica (of the first master)."""
 
     url: str
     slots: dict[int, tuple[tuple[int, int], ...]]
+    replica: int
 
     def port_of(self, key: str) -> int:
         """The port of the master that holds ``key``."""
@@ -141,23 +143,25 @@ def redis_cli(port: int, *command: str) -> str:
 
 @contextmanager
 def redis_cluster(masters: int = 3) -> Iterator[RedisCluster]:
-    """A fresh Redis Cluster of ``masters`` ``redis-server`` masters (no replicas) on free
-    loopback ports, nothing saved to disk, made by ``redis-cli --cluster create`` as an
-    operator makes one; yielded once every node says ``cluster_state:ok``."""
+    """A fresh Redis Cluster of ``masters`` ``redis-server`` masters on free loopback
+    ports, nothing saved to disk, made by ``redis-cli --cluster create`` as an operator
+    makes one, and one replica of the first master; yielded once every node says
+    ``cluster_state:ok``."""
     binary = _binary("redis-server", "redis-server")
     cli = _binary("redis-cli", "redis-tools")
-    ports = [free_port() for _ in range(masters)]
+    *ports, replica = [free_port() for _ in range(masters + 1)]
+    # the bus ports are named: PORT + 10000 may be past 65535
+    buses = {port: free_port() for port in (*ports, replica)}
     with tempfile.TemporaryDirectory() as folder:
         processes: list[subprocess.Popen[bytes]] = []
         try:
-            for port in ports:
+            for port in (*ports, replica):
                 command = [
                     binary,
                     "--port", str(port),
                     "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes",
-                    # the bus port is named: PORT + 10000 may be past 65535
-                    "--cluster-port", str(free_port()),
+                    "--cluster-port", str(buses[port]),
                     "--cluster-config-file", str(Path(folder) / f"nodes-{port}.conf"),
                     "--save", "",
                     "--appendonly", "no",
@@ -167,7 +171,7 @@ def redis_cluster(masters: int = 3) -> Iterator[RedisCluster]:
                 processes.append(
                     subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 )
-            for port, process in zip(ports, processes, strict=True):
+            for port, process in zip((*ports, replica), processes, strict=True):
                 _wait_for_port(port, process, "redis-server")
             create = [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)]
             done = subprocess.run(
@@ -178,19 +182,29 @@ def redis_cluster(masters: int = 3) -> Iterator[RedisCluster]:
             )
             if done.returncode != 0:
                 raise RuntimeError(f"redis-cli --cluster create: {done.stdout[-500:]}")
+            # The replica: met, then told whom to follow once it knows that master.
+            master = redis_cli(ports[0], "CLUSTER", "MYID")
+            redis_cli(replica, "CLUSTER", "MEET", "127.0.0.1", str(ports[0]), str(buses[ports[0]]))
             deadline = time.monotonic() + START_TIMEOUT
-            while not all("cluster_state:ok" in redis_cli(p, "CLUSTER", "INFO") for p in ports):
+            while master not in redis_cli(replica, "CLUSTER", "NODES"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the replica did not meet within {START_TIMEOUT:g} s")
+                time.sleep(0.02)
+            redis_cli(replica, "CLUSTER", "REPLICATE", master)
+            nodes = (*ports, replica)
+            while not all("cluster_state:ok" in redis_cli(p, "CLUSTER", "INFO") for p in nodes):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the cluster was not ok within {START_TIMEOUT:g} s")
                 time.sleep(0.02)
             slots: dict[int, tuple[tuple[int, int], ...]] = {}
             for line in redis_cli(ports[0], "CLUSTER", "NODES").splitlines():
                 fields = line.split()
-                port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
-                slots[port] = tuple(
-                    (int(r.split("-")[0]), int(r.split("-")[-1])) for r in fields[8:]
-                )
-            yield RedisCluster(url=f"redis://127.0.0.1:{ports[0]}", slots=slots)
+                if "master" in fields[2].split(","):
+                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                    slots[port] = tuple(
+                        (int(r.split("-")[0]), int(r.split("-")[-1])) for r in fields[8:]
+                    )
+            yield RedisCluster(url=f"redis://127.0.0.1:{ports[0]}", slots=slots, replica=replica)
         finally:
             for process in processes:
                 _stop(process)

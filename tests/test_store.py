@@ -180,20 +180,20 @@ async def test_a_store_that_does_not_answer_is_a_store_error() -> None:
 async def test_any_node_of_a_cluster_is_a_store_that_keeps_each_session_on_one_shard(
     cluster: RedisCluster, redis_url: str
 ) -> None:
-    """``--store redis://ANY-NODE:PORT`` of a Redis Cluster: the cluster is found at connect,
-    from whichever node is named. A node's lease is kept whatever shard its name's slot is
-    on; a session's two keys are on one shard (its scripts touch one slot); sessions
-    spread over every shard and are touched across them in one call. A single server is
-    not taken for a cluster."""
-    stores = [open_store(f"redis://127.0.0.1:{port}") for port in cluster.slots]
+    """``--store redis://ANY-NODE:PORT`` of a Redis Cluster: the cluster is found at
+    connect, from whichever node is named, a replica too. A node's lease is kept whatever
+    shard its name's slot is on; a session's two keys are on one shard (its scripts touch
+    one slot); sessions spread over every shard and are touched across them in one call.
+    A single server is not taken for a cluster."""
+    stores = [open_store(f"redis://127.0.0.1:{port}") for port in (*cluster.slots, cluster.replica)]
     alone = open_store(redis_url)
     try:
         for each in (*stores, alone):
             assert isinstance(each, RedisStore)
             await each.connect()
-        assert [getattr(each, "cluster", None) for each in stores] == [True] * 3
-        assert getattr(alone, "cluster", None) is False
-        store = stores[0]
+        assert [each.cluster for each in stores if isinstance(each, RedisStore)] == [True] * 4
+        assert isinstance(alone, RedisStore) and alone.cluster is False
+        store = stores[-1]  # through the replica: glide finds the masters
         names = {cluster.port_of(node_key(f"n{i}")): f"n{i}" for i in range(40)}
         assert len(names) == 3  # a lease on every shard, the seed's and the others
         for name in names.values():

@@ -118,15 +118,19 @@ class RedisStore:
         """A client for the store: glide's standalone client, or its cluster client for a
         Redis or Valkey Cluster, as ``redis-cli -c`` users expect.
 
-        Which one is asked of the node itself, as a standalone client (in database 0: a
-        cluster refuses to switch), by ``INFO cluster`` (``cluster_enabled:1``). Trying
-        the cluster client first would cost a single server (the common case) its failed
-        topology refresh: seconds and warnings at every start. A single server in
-        database 0 keeps that first connection; otherwise it is closed and the right
-        client opened.
+        Which one is asked of the node itself (``INFO cluster``: ``cluster_enabled:1``)
+        on a first, standalone connection, in database 0 (a cluster refuses to switch).
+        A single server in database 0 keeps that connection; otherwise it is closed and
+        the right client opened. Trying the cluster client first instead would cost a
+        single server, the common case, a failed topology refresh: seconds and warnings
+        at every start. A standalone client wants a primary at its address; a cluster's
+        replica is asked read-only instead (a lone replica or a Sentinel cannot hold
+        sessions: glide's "No primary" error stands). Read-only is not the first try: it
+        would wait seconds for an address that refuses connections.
         """
         try:
             from glide import (
+                ClosingError,
                 GlideClient,
                 GlideClientConfiguration,
                 GlideClusterClient,
@@ -149,17 +153,26 @@ class RedisStore:
             "client_name": "trio-vrt",
         }
         seed = [NodeAddress(self.host, self.port)]
-        client = await GlideClient.create(GlideClientConfiguration(seed, **common))
+        no_primary: Exception | None = None
         try:
-            info = bytes(await client.info([InfoSection.CLUSTER]))
+            probe = await GlideClient.create(GlideClientConfiguration(seed, **common))
+        except ClosingError as exc:
+            if "No primary" not in str(exc):
+                raise
+            no_primary = exc
+            config = GlideClientConfiguration(seed, read_only=True, **common)
+            probe = await GlideClient.create(config)
+        try:
+            self.cluster = b"cluster_enabled:1" in bytes(await probe.info([InfoSection.CLUSTER]))
         except BaseException:
-            await _close(client, self.timeout)
+            await _close(probe, self.timeout)
             raise
-        self.cluster = b"cluster_enabled:1" in info
-        if not self.cluster and not self.database:
-            return client
-        await _close(client, self.timeout)
+        if not self.cluster and no_primary is None and not self.database:
+            return probe
+        await _close(probe, self.timeout)
         if not self.cluster:
+            if no_primary is not None:
+                raise no_primary
             config = GlideClientConfiguration(seed, database_id=self.database, **common)
             return await GlideClient.create(config)
         config = GlideClusterClientConfiguration(seed, database_id=self.database or None, **common)
