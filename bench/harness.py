@@ -302,14 +302,14 @@ class Redis:
         }
 
     def session_records(self, pids: Sequence[int] | None = None) -> list[int]:
-        """The size of every session's saved state (``HSTRLEN vrt:session:* state``), or
+        """The size of every session's saved state (``HSTRLEN vrt:{*}:session state``), or
         of those owned by a node of one of ``pids`` (a node's default name is
         ``host:pid[:worker]``)."""
         cursor, sizes = "0", []
         wanted = None if pids is None else {str(pid) for pid in pids}
         while True:
             cursor_bytes, keys = self.call(
-                "SCAN", cursor, "MATCH", "vrt:session:*", "COUNT", "1000"
+                "SCAN", cursor, "MATCH", "vrt:{*}:session", "COUNT", "1000"
             )
             for key in keys:
                 if wanted is not None:

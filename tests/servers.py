@@ -1,5 +1,6 @@
-"""Real servers for the tests, on loopback ports: Debian's ``redis-server`` and ``haproxy``
-(`.ci/run` installs both), started and stopped by the test, bounded in time.
+"""Real servers for the tests, on loopback ports: Debian's ``redis-server`` (alone, or three
+of them as a Redis Cluster) and ``haproxy`` (`.ci/run` installs both), started and stopped
+by the test, bounded in time.
 
 A missing binary fails the test that needs it, with the command to install it: these
 tests are in the first pass (marked ``network``), never skipped.
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+import attrs
 import trio
 
 ROOT = Path(__file__).parent.parent
@@ -199,6 +201,119 @@ def store_link(port: int) -> Iterator[Link]:
         _stop(process)
         if process.stdout is not None:
             process.stdout.close()
+
+
+@attrs.frozen(kw_only=True)
+class RedisCluster:
+    """A Redis Cluster on loopback: its first node's URL (what ``--store`` is given, as an
+    operator gives any one node), each master's port with its slot ranges, and the port
+    of a replica (of the first master)."""
+
+    url: str
+    slots: dict[int, tuple[tuple[int, int], ...]]
+    replica: int
+
+    def port_of(self, key: str) -> int:
+        """The port of the master that holds ``key``."""
+        slot = key_slot(key)
+        return next(p for p, ranges in self.slots.items() if any(a <= slot <= b for a, b in ranges))
+
+
+def key_slot(key: str) -> int:
+    """A key's hash slot, as a cluster computes it (``CLUSTER KEYSLOT``, without a round
+    trip): CRC16 (XMODEM) of its hash tag, the part between its first ``{`` and the next
+    ``}`` if not empty, else of the whole key, modulo 16384."""
+    data = key.encode()
+    start = data.find(b"{")
+    end = data.find(b"}", start + 1) if start >= 0 else -1
+    if end > start + 1:
+        data = data[start + 1 : end]
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc % 16384
+
+
+def redis_cli(port: int, *command: str) -> str:
+    """``redis-cli -p PORT COMMAND...`` on loopback: its output, stripped."""
+    binary = _binary("redis-cli", "redis-tools")
+    done = subprocess.run(
+        [binary, "-p", str(port), *command], capture_output=True, text=True, timeout=5
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"redis-cli {' '.join(command)}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+@contextmanager
+def redis_cluster(masters: int = 3) -> Iterator[RedisCluster]:
+    """A fresh Redis Cluster of ``masters`` ``redis-server`` masters on free loopback
+    ports, nothing saved to disk, made by ``redis-cli --cluster create`` as an operator
+    makes one, and one replica of the first master; yielded once every node says
+    ``cluster_state:ok``."""
+    binary = _binary("redis-server", "redis-server")
+    cli = _binary("redis-cli", "redis-tools")
+    *ports, replica = [free_port() for _ in range(masters + 1)]
+    # the bus ports are named: PORT + 10000 may be past 65535
+    buses = {port: free_port() for port in (*ports, replica)}
+    with tempfile.TemporaryDirectory() as folder:
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            for port in (*ports, replica):
+                command = [
+                    binary,
+                    "--port", str(port),
+                    "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes",
+                    "--cluster-port", str(buses[port]),
+                    "--cluster-config-file", str(Path(folder) / f"nodes-{port}.conf"),
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--dir", folder,
+                    "--logfile", str(Path(folder) / f"redis-{port}.log"),
+                ]  # fmt: skip
+                processes.append(
+                    subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                )
+            for port, process in zip((*ports, replica), processes, strict=True):
+                _wait_for_port(port, process, "redis-server")
+            create = [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)]
+            done = subprocess.run(
+                [*create, "--cluster-replicas", "0", "--cluster-yes"],
+                capture_output=True,
+                text=True,
+                timeout=START_TIMEOUT,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create: {done.stdout[-500:]}")
+            # The replica: met, then told whom to follow once it knows that master.
+            master = redis_cli(ports[0], "CLUSTER", "MYID")
+            redis_cli(replica, "CLUSTER", "MEET", "127.0.0.1", str(ports[0]), str(buses[ports[0]]))
+            deadline = time.monotonic() + START_TIMEOUT
+            while master not in redis_cli(replica, "CLUSTER", "NODES"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the replica did not meet within {START_TIMEOUT:g} s")
+                time.sleep(0.02)
+            redis_cli(replica, "CLUSTER", "REPLICATE", master)
+            nodes = (*ports, replica)
+            while not all("cluster_state:ok" in redis_cli(p, "CLUSTER", "INFO") for p in nodes):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the cluster was not ok within {START_TIMEOUT:g} s")
+                time.sleep(0.02)
+            slots: dict[int, tuple[tuple[int, int], ...]] = {}
+            for line in redis_cli(ports[0], "CLUSTER", "NODES").splitlines():
+                fields = line.split()
+                if "master" in fields[2].split(","):
+                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                    slots[port] = tuple(
+                        (int(r.split("-")[0]), int(r.split("-")[-1])) for r in fields[8:]
+                    )
+            yield RedisCluster(url=f"redis://127.0.0.1:{ports[0]}", slots=slots, replica=replica)
+        finally:
+            for process in processes:
+                _stop(process)
 
 
 SHIPPED_HAPROXY = Path(__file__).parent.parent / "docs" / "deploy" / "haproxy.cfg"

@@ -1,6 +1,7 @@
 """Serving in production, as an operator runs it: ``vrt serve --store`` processes, a real
-``redis-server``, HAProxy in front (docs/deploy.md). Every process is started and
-stopped by the test on loopback ports; each server's log must hold no ERROR."""
+``redis-server`` (alone, or a 3-master Redis Cluster), HAProxy in front (docs/deploy.md).
+Every process is started and stopped by the test on loopback ports; each server's log
+must hold no ERROR."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ import trio
 import vrt
 from tests import servers
 from tests.conftest import Log, until
-from tests.servers import free_port, haproxy, redis_server
+from tests.servers import RedisCluster, free_port, haproxy, redis_cli, redis_cluster, redis_server
 from vrt._cluster.redis import RedisStore
-from vrt._cluster.store import open_store
+from vrt._cluster.store import history_key, node_key, open_store, session_key
 from vrt.testing import LoopbackProxy
 
 pytestmark = pytest.mark.network
@@ -180,6 +181,66 @@ def test_without_a_store_workers_are_refused() -> None:
         timeout=30,
     )
     assert result.returncode == 2 and "needs --store" in result.stderr
+
+
+# -- a Redis Cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    with redis_cluster() as found:
+        yield found
+
+
+async def test_two_nodes_on_a_redis_cluster_hand_a_session_over(
+    tmp_path: Path, cluster: RedisCluster
+) -> None:
+    """Issue 26's Redis Cluster test: two ``vrt serve --store redis://ONE-NODE:PORT`` nodes
+    on a 3-master cluster, each named so that its lease is on a shard the named node does
+    not hold (neither started before: ``MOVED``). A client through a proxy (the balancer)
+    on the first node; its turns are saved on its session's shard (they were refused
+    before: ``CROSSSLOT``). The first node is drained (SIGTERM) while the proxy sends new
+    connections to the second: the client resumes there, never closed, and its next turn
+    sees the whole history."""
+    seed = int(cluster.url.rsplit(":", 1)[1])
+    names = [n for n in (f"node-{i}" for i in range(50)) if cluster.port_of(node_key(n)) != seed]
+    ports = [free_port(), free_port()]
+    flags = ("--store", cluster.url, "--drain-timeout", "10")
+    async with (
+        vrt_serve(tmp_path, "a", "--port", str(ports[0]), "--node", names[0], *flags) as (a, _),
+        vrt_serve(tmp_path, "b", "--port", str(ports[1]), "--node", names[1], *flags),
+        connected_store(cluster.url) as store,
+        trio.open_nursery() as nursery,
+    ):
+        proxy = LoopbackProxy(ports[0])
+        await nursery.start(proxy.run)
+        async with (
+            vrt.connect(f"ws://127.0.0.1:{proxy.port}/", tools=[note]) as client,
+            client.subscribe() as channel,
+        ):
+            events = Log(channel)
+            ended = await turn(client, events, "hello")
+            assert said(events, ended.turn_id) == "turn 1, 1 inputs seen, 0 interrupted"
+            ended = await turn(client, events, "app note this")  # an app call
+            assert said(events, ended.turn_id) == "turn 2, 2 inputs seen, 0 interrupted"
+            session = client.session_id or ""
+            saved = await store.load(session)
+            assert saved is not None and saved.owner == names[0]
+            shard = cluster.port_of(session_key(session))
+            assert redis_cli(shard, "EXISTS", session_key(session), history_key(session)) == "2"
+            proxy.target_port = ports[1]  # the balancer takes the first node out
+            a.send_signal(signal.SIGTERM)
+            await until(events, lambda e: isinstance(e, vrt.Resumed))
+            with trio.fail_after(10):
+                await a.wait()
+            assert a.returncode == 0
+            ended = await turn(client, events, "still there?")
+            assert said(events, ended.turn_id) == "turn 3, 3 inputs seen, 0 interrupted"
+            saved = await store.load(session)
+            assert saved is not None and saved.owner == names[1]
+            assert not any(isinstance(e, vrt.Closed) for e in events.events)
+            vrt.testing.assert_stream_valid(events.events)  # every call one terminal
+        nursery.cancel_scope.cancel()
 
 
 # -- three nodes behind HAProxy --------------------------------------------------------------

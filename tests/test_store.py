@@ -1,5 +1,6 @@
 """The store's rules, on both stores: :class:`MemoryStore` and :class:`RedisStore` on a real
-``redis-server`` (valkey-glide under Trio). The same test, the same answers."""
+``redis-server`` (valkey-glide under Trio), alone and as a 3-master Redis Cluster. The same
+test, the same answers."""
 
 from __future__ import annotations
 
@@ -12,9 +13,19 @@ from typing import Any
 import pytest
 import trio
 
-from tests.servers import free_port, redis_server
+from tests.servers import RedisCluster, free_port, redis_cli, redis_cluster, redis_server
 from vrt._cluster.redis import RedisStore, _keys
-from vrt._cluster.store import MemoryStore, Saved, Store, StoreError, StoreForgot, open_store
+from vrt._cluster.store import (
+    MemoryStore,
+    Saved,
+    Store,
+    StoreError,
+    StoreForgot,
+    history_key,
+    node_key,
+    open_store,
+    session_key,
+)
 
 ROOT = Path(__file__).parent.parent
 
@@ -25,12 +36,27 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.network)])
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    with redis_cluster() as found:
+        yield found
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.network),
+        pytest.param("cluster", marks=pytest.mark.network),
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
         return
-    url = request.getfixturevalue("redis_url")
+    if request.param == "cluster":
+        url = request.getfixturevalue("cluster").url
+    else:
+        url = request.getfixturevalue("redis_url")
     the_store = open_store(url)
     assert isinstance(the_store, RedisStore)
     await the_store.connect()
@@ -181,6 +207,14 @@ async def test_big_states_round_trip(store: Store) -> None:
     assert found is not None and found.state == state
 
 
+async def test_an_id_the_server_never_makes_finds_nothing(store: Store) -> None:
+    """A client's resume may name any session id; one that would leave a cluster's hash
+    tag empty (each key then on a slot of its own) finds nothing, as an unknown one does."""
+    for s in ("", "}", "}x{y}"):
+        assert await store.load(s) is None
+        assert await store.claim(s, "", "a") is None
+
+
 @pytest.mark.network
 async def test_a_store_that_does_not_answer_is_a_store_error() -> None:
     with trio.socket.socket() as silent:  # listens, never answers
@@ -193,6 +227,73 @@ async def test_a_store_that_does_not_answer_is_a_store_error() -> None:
     store = RedisStore(host="127.0.0.1", port=free_port(), timeout=0.5)
     with trio.fail_after(5), pytest.raises(StoreError, match="cannot connect"):
         await store.connect()
+
+
+@pytest.mark.network
+async def test_any_node_of_a_cluster_is_a_store_that_keeps_each_session_on_one_shard(
+    cluster: RedisCluster, redis_url: str
+) -> None:
+    """``--store redis://ANY-NODE:PORT`` of a Redis Cluster: the cluster is found at
+    connect, from whichever node is named, a replica too. A node's lease is kept whatever
+    shard its name's slot is on; a session's two keys are on one shard (its scripts touch
+    one slot); sessions spread over every shard and are touched across them in one call.
+    A single server is not taken for a cluster."""
+    stores = [open_store(f"redis://127.0.0.1:{port}") for port in (*cluster.slots, cluster.replica)]
+    alone = open_store(redis_url)
+    try:
+        for each in (*stores, alone):
+            assert isinstance(each, RedisStore)
+            await each.connect()
+        assert [each.cluster for each in stores if isinstance(each, RedisStore)] == [True] * 4
+        assert isinstance(alone, RedisStore) and alone.cluster is False
+        store = stores[-1]  # through the replica: glide finds the masters
+        names = {cluster.port_of(node_key(f"n{i}")): f"n{i}" for i in range(40)}
+        assert len(names) == 3  # a lease on every shard, the seed's and the others
+        for name in names.values():
+            await store.heartbeat(name, f"{name}:1", 5)
+            assert await store.node_address(name) == f"{name}:1"
+            await store.forget_node(name)
+            assert await store.node_address(name) is None
+        shards: dict[str, int] = {}  # sessions, four on each shard
+        while len(shards) < 12:
+            s = sid()
+            port = cluster.port_of(session_key(s))
+            if list(shards.values()).count(port) < 4:
+                shards[s] = port
+        ids = list(shards)
+        for s in ids:
+            assert await store.save(s, "a", "a", b"state", 60, items=[b"i0", b"i1"])
+            assert redis_cli(shards[s], "EXISTS", session_key(s), history_key(s)) == "2"
+            assert await store.load(s) == Saved(owner="a", state=b"state", history=(b"i0", b"i1"))
+        await store.touch(ids, 0.3)  # one call, three shards: every key's expiry is set
+        await trio.sleep(0.5)
+        for s in ids:
+            assert await store.load(s) is None
+            assert redis_cli(shards[s], "EXISTS", session_key(s), history_key(s)) == "0"
+    finally:
+        for each in (*stores, alone):
+            await each.aclose()
+
+
+@pytest.mark.network
+async def test_a_database_number_is_kept_and_a_cluster_has_only_database_0(
+    redis_url: str, cluster: RedisCluster
+) -> None:
+    store = open_store(f"{redis_url}/3")
+    assert isinstance(store, RedisStore)
+    await store.connect()
+    try:
+        s = sid()
+        assert await store.save(s, "a", "a", b"state", 5)
+        port = int(redis_url.rsplit(":", 1)[1])
+        assert redis_cli(port, "-n", "3", "EXISTS", session_key(s)) == "1"
+        assert redis_cli(port, "-n", "0", "EXISTS", session_key(s)) == "0"
+    finally:
+        await store.aclose()
+    in_cluster = open_store(f"{cluster.url}/3")
+    assert isinstance(in_cluster, RedisStore)
+    with trio.fail_after(5), pytest.raises(StoreError, match="only database 0"):
+        await in_cluster.connect()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,12 @@ naming what to install.
 The rules are :mod:`vrt._cluster.store`'s; here each change is one Lua script, atomic on the
 server and one round trip.
 
+A Redis or Valkey Cluster works as it is: the URL names any one of its nodes, and
+:meth:`RedisStore.connect` finds out (the node's ``INFO``) whether to use glide's cluster
+client, which learns the other nodes and sends each key to its shard. A session's keys
+share a hash tag (``vrt:{ID}:session``, ``vrt:{ID}:history``), so each script touches one
+slot; a node's lease is a key of its own, on whichever shard its slot is.
+
 valkey-glide's Rust core logs by itself, to stdout with ANSI colours or to files under
 ``./glide-logs`` (its ``Logger`` has no hook into Python's logging): :meth:`RedisStore.connect`
 turns it off, unless the application configured ``glide.Logger`` first. What the client has
@@ -14,6 +20,7 @@ to say reaches vrt anyway, as the error of the call it failed, which vrt logs on
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -21,14 +28,16 @@ from typing import Any
 import trio
 
 from vrt._cluster.store import (
-    KEY_PREFIX,
     TIMEOUT,
     Saved,
     StoreError,
     StoreForgot,
+    history_key,
     node_key,
     session_key,
 )
+
+log = logging.getLogger("vrt.server")
 
 MISSING = "the Redis/Valkey store client is not installed: pip install 'trio-vrt[redis]'"
 """What :class:`RedisStore` raises (a :class:`StoreError`) without valkey-glide."""
@@ -78,7 +87,8 @@ return 1
 
 class RedisStore:
     """The store on Redis or Valkey, through valkey-glide's async client (which runs under
-    Trio through anyio). One multiplexed connection per process; it reconnects by itself.
+    Trio through anyio). One multiplexed connection per process (per shard of a cluster);
+    it reconnects by itself.
     """
 
     def __init__(
@@ -105,17 +115,53 @@ class RedisStore:
         self.timeout = timeout
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
+        self.cluster: bool | None = None
+        """Whether the store is a Redis or Valkey Cluster (None until connected)."""
 
     def __repr__(self) -> str:  # never the password
         return f"<RedisStore {self.host}:{self.port}/{self.database}>"
 
     async def connect(self) -> None:
-        """Connect (within the timeout), or raise :class:`StoreError`."""
+        """Connect (within the timeout), or raise :class:`StoreError`. A cluster is found
+        here, whichever of its nodes the URL names; see :meth:`_open`."""
+        with trio.move_on_after(self.timeout + 1.0) as scope:
+            try:
+                self._client = await self._open()
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise StoreError(
+                    f"cannot connect to the store at {self.host}:{self.port}: {_short(exc)}"
+                ) from None
+        if scope.cancelled_caught:
+            raise StoreError(f"the store at {self.host}:{self.port} did not answer in time")
+        if self.cluster:
+            log.info("the store at %s:%s is a cluster", self.host, self.port)
+
+    async def _open(self) -> Any:
+        """A client for the store: glide's standalone client, or its cluster client for a
+        Redis or Valkey Cluster, as ``redis-cli -c`` users expect.
+
+        Which one is asked of the node itself (``INFO cluster``: ``cluster_enabled:1``)
+        on a first, standalone connection, in database 0 (a cluster refuses to switch).
+        A single server in database 0 keeps that connection; otherwise it is closed and
+        the right client opened. Trying the cluster client first instead would cost a
+        single server, the common case, a failed topology refresh: seconds and warnings
+        at every start. A standalone client wants a primary at its address; a cluster's
+        replica is asked read-only instead (a lone replica or a Sentinel cannot hold
+        sessions: glide's "No primary" error stands). Read-only is not the first try: it
+        would wait seconds for an address that refuses connections.
+        """
         try:
             from glide import (
                 AdvancedGlideClientConfiguration,
+                AdvancedGlideClusterClientConfiguration,
+                ClosingError,
                 GlideClient,
                 GlideClientConfiguration,
+                GlideClusterClient,
+                GlideClusterClientConfiguration,
+                InfoSection,
                 NodeAddress,
                 ServerCredentials,
             )
@@ -127,27 +173,49 @@ class RedisStore:
             if self._password is not None
             else None
         )
-        config = GlideClientConfiguration(
-            [NodeAddress(self.host, self.port)],
-            use_tls=self.tls,
-            credentials=credentials,
-            database_id=self.database,
-            request_timeout=int(self.timeout * 1000),
-            client_name="trio-vrt",
+        ms = int(self.timeout * 1000)
+        common: dict[str, Any] = {
+            "use_tls": self.tls,
+            "credentials": credentials,
+            "request_timeout": ms,
+            "client_name": "trio-vrt",
             # glide connects with a blocking call (the event loop waits): no longer than this
-            advanced_config=AdvancedGlideClientConfiguration(
-                connection_timeout=int(self.timeout * 1000)
-            ),
-        )
-        with trio.move_on_after(self.timeout + 1.0) as scope:
-            try:
-                self._client = await GlideClient.create(config)
-            except Exception as exc:
-                raise StoreError(
-                    f"cannot connect to the store at {self.host}:{self.port}: {_short(exc)}"
-                ) from None
-        if scope.cancelled_caught:
-            raise StoreError(f"the store at {self.host}:{self.port} did not answer in time")
+            "advanced_config": AdvancedGlideClientConfiguration(connection_timeout=ms),
+        }
+        seed = [NodeAddress(self.host, self.port)]
+        no_primary: Exception | None = None
+        try:
+            probe = await GlideClient.create(GlideClientConfiguration(seed, **common))
+        except ClosingError as exc:
+            if "No primary" not in str(exc):
+                raise
+            no_primary = exc
+            config = GlideClientConfiguration(seed, read_only=True, **common)
+            probe = await GlideClient.create(config)
+        try:
+            self.cluster = b"cluster_enabled:1" in bytes(await probe.info([InfoSection.CLUSTER]))
+        except BaseException:
+            await _close(probe, self.timeout)
+            raise
+        if not self.cluster and no_primary is None and not self.database:
+            return probe
+        await _close(probe, self.timeout)
+        if not self.cluster:
+            if no_primary is not None:
+                raise no_primary
+            config = GlideClientConfiguration(seed, database_id=self.database, **common)
+            return await GlideClient.create(config)
+        common["advanced_config"] = AdvancedGlideClusterClientConfiguration(connection_timeout=ms)
+        config = GlideClusterClientConfiguration(seed, database_id=self.database or None, **common)
+        try:
+            return await GlideClusterClient.create(config)
+        except Exception as exc:
+            if not self.database:
+                raise
+            raise StoreError(
+                f"cannot connect to the cluster at {self.host}:{self.port} in database "
+                f"{self.database} (a Redis Cluster has only database 0): {_short(exc)}"
+            ) from None
 
     async def _call(self, name: str, *args: Any) -> Any:
         if self._client is None:
@@ -213,22 +281,27 @@ class RedisStore:
         return bool(done)
 
     async def load(self, session_id: str) -> Saved | None:
+        if not _tagged(session_id):
+            return None
         return _saved(await self._script(_LOAD, _keys(session_id), []))
 
     async def claim(self, session_id: str, expected: str, node: str) -> Saved | None:
+        if not _tagged(session_id):
+            return None
         return _saved(await self._script(_CLAIM, _keys(session_id), [expected, node]))
 
     async def delete(self, session_id: str, node: str) -> None:
         await self._script(_DELETE, _keys(session_id), [node])
 
     async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
-        from glide import Batch
+        from glide import Batch, ClusterBatch
 
         ids = list(session_ids)
         ms = _ms(ttl)
         gone: set[str] = set()
         for start in range(0, len(ids), 250):  # one round trip per 250 sessions
-            batch = Batch(is_atomic=False)
+            # Not atomic: in a cluster, glide sends each key to its own shard.
+            batch = ClusterBatch(is_atomic=False) if self.cluster else Batch(is_atomic=False)
             chunk = ids[start : start + 250]
             for session_id in chunk:
                 for key in _keys(session_id):
@@ -243,12 +316,17 @@ class RedisStore:
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            with trio.move_on_after(self.timeout) as scope:
-                scope.shield = True
-                try:
-                    await client.close()
-                except Exception:  # closing: nothing left to tell anyone
-                    pass
+            await _close(client, self.timeout)
+
+
+async def _close(client: Any, seconds: float) -> None:
+    """Close a glide client, even in a cancelled scope, giving it ``seconds`` at most."""
+    with trio.move_on_after(seconds) as scope:
+        scope.shield = True
+        try:
+            await client.close()
+        except Exception:  # closing: nothing left to tell anyone
+            pass
 
 
 def _quiet_glide() -> None:
@@ -260,10 +338,17 @@ def _quiet_glide() -> None:
 
 
 def _keys(session_id: str) -> list[str]:
-    """A session's two keys: its hash (``vrt:session:ID``), its history list
-    (``vrt:history:ID``). One script uses both: a single Redis or Valkey node, or a
-    cluster's one shard (no hash tags yet)."""
-    return [session_key(session_id), f"{KEY_PREFIX}history:{session_id}"]
+    """A session's two keys: its hash (``vrt:{ID}:session``), its history list
+    (``vrt:{ID}:history``). One script uses both: the hash tag ``{ID}`` puts them on one
+    slot, one shard of a cluster."""
+    return [session_key(session_id), history_key(session_id)]
+
+
+def _tagged(session_id: str) -> bool:
+    """Whether the id makes a hash tag: not empty, not starting with ``}`` (the tag would
+    be empty, each key then on a slot of its own). The server's ids (``s_`` and hex)
+    always do; a client's resume with one that does not finds nothing, as in memory."""
+    return not session_id.startswith("}") and session_id != ""
 
 
 def _saved(found: Any) -> Saved | None:

@@ -38,7 +38,7 @@ import trio
 from vrt._errors import VrtError
 
 KEY_PREFIX = "vrt:"
-"""Every key the store writes starts with this (``vrt:session:ID``, ``vrt:node:NAME``)."""
+"""Every key the store writes starts with this (``vrt:{ID}:session``, ``vrt:node:NAME``)."""
 TIMEOUT = 2.0
 """Seconds a store call may take before it fails (:class:`StoreError`)."""
 
@@ -156,8 +156,15 @@ def open_store(url: str, *, timeout: float = TIMEOUT) -> Store:
 
 
 def session_key(session_id: str) -> str:
-    """A session's record's key."""
-    return f"{KEY_PREFIX}session:{session_id}"
+    """A session's record's key: ``vrt:{ID}:session``. The braces are a hash tag: in a
+    Redis or Valkey Cluster a session's keys (this one and :func:`history_key`) are on
+    one slot, so the one script that changes both runs on one shard."""
+    return f"{KEY_PREFIX}{{{session_id}}}:session"
+
+
+def history_key(session_id: str) -> str:
+    """A session's history's key: ``vrt:{ID}:history``, on its record's slot."""
+    return f"{KEY_PREFIX}{{{session_id}}}:history"
 
 
 def node_key(node: str) -> str:
