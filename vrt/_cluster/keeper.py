@@ -246,6 +246,9 @@ class Keeper:
                 except StoreError as exc:
                     self.node.store_failed(exc)  # (the node logs an outage once)
                     log.debug("session %s: cannot hand over: %s", self.host.session_id, exc)
+                    if self._unsaved is None:  # saved here (owned) once the store answers
+                        self._unsaved = unsaved
+                        self._wanted.set()
                 else:
                     self.node.store_answered()
             held, self._held = self._held, []

@@ -384,11 +384,12 @@ class Hub:
         if self.node is not None:
             self.node.draining = True
         self._emptied = trio.Event()
+        self._move_all(again=False)  # now if between turns, else at the end of its turn
         with trio.move_on_after(drain_timeout):
             while self.sessions:
-                self._move_all()  # now if between turns, else at the end of its turn
                 with trio.move_on_after(DRAIN_RETRY):
                     await self._emptied.wait()
+                self._move_all()
         if self.sessions:
             log.info("drain: %d sessions not handed over yet: interrupted", len(self.sessions))
             with trio.move_on_after(DRAIN_GRACE):
@@ -423,11 +424,11 @@ class Hub:
         if relayed:
             await trio.sleep(0.2)
 
-    def _move_all(self) -> None:
-        """Ask every session to move (a drain): again for one whose handover the store
-        failed, while the store answers (not while it fails: the node's heartbeat says
-        when it is back)."""
-        if self.node is not None and not self.node.store_ok:
+    def _move_all(self, *, again: bool = True) -> None:
+        """Ask every session to move (a drain). ``again``: a retry, for those whose
+        handover the store failed, only while the store answers (the node's heartbeat
+        says when it is back)."""
+        if again and self.node is not None and not self.node.store_ok:
             return
         for actor in list(self.sessions.values()):
             if actor.keeper is not None:
