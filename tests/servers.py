@@ -97,6 +97,112 @@ def redis_server() -> Iterator[str]:
             _stop(process)
 
 
+class Redis:
+    """A ``redis-server`` on a loopback port, nothing saved to disk, that a test can make
+    fail as a store fails in production: restarted (empty, on the same port), paused
+    (SIGSTOP: it takes connections and answers nothing), flushed, a key deleted."""
+
+    def __init__(self, folder: str) -> None:
+        self.binary = _binary("redis-server", "redis-server")
+        self.port = free_port()
+        self.folder = folder
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", self.folder,
+                "--logfile", str(Path(self.folder) / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_for_port(self.port, self.process, "redis-server")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.resume()
+            _stop(self.process)
+
+    def restart(self) -> None:
+        """Stopped and started again without persistence: it has forgotten everything."""
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open, nothing is answered (an outage)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def cli(self, *args: str) -> str:
+        """``redis-cli ARGS`` against it (FLUSHALL, DEL, EXISTS...): its output."""
+        return subprocess.run(
+            ["redis-cli", "-p", str(self.port), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=START_TIMEOUT,
+        ).stdout.strip()
+
+
+@contextmanager
+def redis() -> Iterator[Redis]:
+    """A fresh :class:`Redis`, started; stopped on the way out."""
+    with tempfile.TemporaryDirectory() as folder:
+        server = Redis(folder)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+class Link:
+    """The network to a store (tests/store_link.py, a process of its own): connect to
+    :attr:`port`; :meth:`cut` partitions it, :meth:`mend` ends the partition."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int) -> None:
+        self.process = process
+        self.port = port
+
+    def cut(self) -> None:
+        self.process.send_signal(signal.SIGUSR1)
+
+    def mend(self) -> None:
+        self.process.send_signal(signal.SIGUSR2)
+
+
+@contextmanager
+def store_link(port: int) -> Iterator[Link]:
+    """A :class:`Link` to ``127.0.0.1:port``; stopped on the way out."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.store_link", str(port)], cwd=ROOT, stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"tests.store_link exited with {process.wait(5)}")
+        yield Link(process, int(line))
+    finally:
+        _stop(process)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
 @attrs.frozen(kw_only=True)
 class RedisCluster:
     """A Redis Cluster on loopback: its first node's URL (what ``--store`` is given, as an
@@ -228,6 +334,7 @@ def haproxy_config(port: int, backends: list[int]) -> str:
             line = "    maxconn 4096"  # (within the test's file descriptor limit)
         lines.append(line)
     lines += [f"    server n{i} 127.0.0.1:{b} check" for i, b in enumerate(backends)]
+    lines += [f"    server n{i}-any 127.0.0.1:{b} backup" for i, b in enumerate(backends)]
     return "\n".join(lines) + "\n"
 
 

@@ -137,6 +137,41 @@ async def test_vrt_serve_with_a_store_drains_on_sigterm_and_exits_0(
         assert process.returncode == 0
 
 
+async def test_after_a_flushall_a_drain_hands_the_whole_session_over(tmp_path: Path) -> None:
+    """Issue 26, finding 1, as an operator met it: one node, two turns, ``redis-cli
+    flushall``, two turns, SIGTERM. The client got ``closed`` (``shutdown``), after
+    thousands of WARNINGs. Now the first save after the flush writes the whole session,
+    the drain hands it over (the client reconnects, to resume elsewhere) and the store
+    holds all of it; the log has no WARNING."""
+    port = free_port()
+    with servers.redis() as redis:
+        async with vrt_serve(tmp_path, "one", "--port", str(port), "--store", redis.url) as (
+            process,
+            _,
+        ):
+            async with vrt.connect(f"ws://127.0.0.1:{port}/") as client:
+                async with client.subscribe() as channel:
+                    events = Log(channel)
+                    for text in ("one", "two"):
+                        await turn(client, events, text)
+                    redis.cli("FLUSHALL")
+                    for text in ("three", "four"):
+                        ended = await turn(client, events, text)
+                    assert said(events, ended.turn_id) == "turn 4, 4 inputs seen, 0 interrupted"
+                    process.send_signal(signal.SIGTERM)
+                    await until(events, lambda e: isinstance(e, vrt.Reconnecting))
+                    with trio.fail_after(10):
+                        await process.wait()
+                    assert process.returncode == 0
+                    async with connected_store(redis.url) as store:
+                        saved = await store.load(client.session_id or "")
+        assert not any(isinstance(e, vrt.Closed) for e in events.events)
+        assert saved is not None and saved.owner == ""  # handed over
+        assert len(saved.history) == 8  # four turns: each an input and an answer
+    log = (tmp_path / "one.log").read_text()
+    assert " WARNING " not in log, log[-3000:]
+
+
 def test_without_a_store_workers_are_refused() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "vrt", "serve", "tests.deploy_agent:agent", "--workers", "2"],

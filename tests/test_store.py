@@ -4,24 +4,30 @@ test, the same answers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from tests.servers import RedisCluster, free_port, redis_cli, redis_cluster, redis_server
-from vrt._cluster.redis import RedisStore
+from vrt._cluster.redis import RedisStore, _keys
 from vrt._cluster.store import (
     MemoryStore,
     Saved,
     Store,
     StoreError,
+    StoreForgot,
     history_key,
     node_key,
     open_store,
     session_key,
 )
+
+ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +71,16 @@ def sid() -> str:
 
 
 async def test_a_node_lives_while_it_beats(store: Store) -> None:
+    """A heartbeat also says whether the lease was still there: a node whose store forgot
+    it (or whose lease ran out) learns it at its next heartbeat."""
     node = sid()
     assert await store.node_address(node) is None
-    await store.heartbeat(node, "127.0.0.1:1234", 0.3)
+    assert not await store.heartbeat(node, "127.0.0.1:1234", 0.3)  # the first
+    assert await store.heartbeat(node, "127.0.0.1:1234", 0.3)
     assert await store.node_address(node) == "127.0.0.1:1234"
     await trio.sleep(0.5)
     assert await store.node_address(node) is None  # its lease ran out
-    await store.heartbeat(node, "127.0.0.1:1234", 5)
+    assert not await store.heartbeat(node, "127.0.0.1:1234", 5)
     await store.forget_node(node)
     assert await store.node_address(node) is None
 
@@ -115,9 +124,53 @@ async def test_the_history_is_appended_and_trimmed_item_by_item(store: Store) ->
     # b drops everything stored and more: the history starts again at its new front
     assert await store.save(s, "b", "b", b"v5", 5, front=2000, first=2000, items=[b"x"])
     assert await store.load(s) == Saved(owner="b", state=b"v5", history=(b"x",), front=2000)
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreForgot):
         await store.save(s, "b", "b", b"v6", 5, front=2000, first=2005, items=[b"y"])
     assert await store.load(s) == Saved(owner="b", state=b"v5", history=(b"x",), front=2000)
+
+
+async def test_a_store_that_forgot_a_session_says_so_and_takes_it_whole(store: Store) -> None:
+    """Gone (expired, flushed, evicted): a save of what the node believes the store
+    lacks is refused with :class:`StoreForgot`, nothing written; the whole session then
+    is an ordinary save."""
+    s = sid()
+    assert await store.save(s, "a", "a", b"v1", 0.2, items=[b"i0", b"i1"])
+    await trio.sleep(0.3)  # its record expired
+    with pytest.raises(StoreForgot):
+        await store.save(s, "a", "a", b"v2", 5, first=2, items=[b"i2"])
+    assert await store.load(s) is None
+    assert await store.save(s, "a", "a", b"v2", 5, items=[b"i0", b"i1", b"i2"])
+    assert await store.load(s) == Saved(owner="a", state=b"v2", history=(b"i0", b"i1", b"i2"))
+
+
+async def test_a_touch_names_the_records_the_store_no_longer_has(store: Store) -> None:
+    kept, gone = sid(), sid() + "x"
+    assert await store.save(kept, "a", "a", b"state", 5, items=[b"i0"])
+    assert await store.save(gone, "a", "a", b"state", 0.2, items=[b"i0"])
+    await trio.sleep(0.3)
+    assert await store.touch([kept, gone], 5) == {gone}
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("key", [0, 1], ids=["hash evicted", "history evicted"])
+async def test_one_key_of_a_session_evicted_is_a_forgotten_session(
+    redis_url: str, key: int
+) -> None:
+    """On Redis a session is two keys (its hash, its history list): either evicted alone
+    (``maxmemory``) makes the next save that counts on it :class:`StoreForgot`."""
+    store = open_store(redis_url)
+    assert isinstance(store, RedisStore)
+    await store.connect()
+    try:
+        s = sid()
+        assert await store.save(s, "a", "a", b"v1", 5, items=[b"i0", b"i1"])
+        await store._call("delete", [_keys(s)[key]])
+        with pytest.raises(StoreForgot):
+            await store.save(s, "a", "a", b"v2", 5, first=2, items=[b"i2"])
+        assert await store.save(s, "a", "a", b"v2", 5, items=[b"i0", b"i1", b"i2"])
+        assert await store.load(s) == Saved(owner="a", state=b"v2", history=(b"i0", b"i1", b"i2"))
+    finally:
+        await store.aclose()
 
 
 async def test_records_expire_unless_touched(store: Store) -> None:
@@ -264,3 +317,74 @@ def test_a_store_url_never_shows_its_password() -> None:
     assert "s3cret" not in repr(store)
     secure = open_store("rediss://h")
     assert isinstance(secure, RedisStore) and secure.tls
+
+
+# -- the store client is an extra ------------------------------------------------------------
+
+WITHOUT_GLIDE = """
+import importlib.abc, sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    # valkey-glide not installed: what the `trio-vrt[redis]` extra brings is missing
+    def find_spec(self, name, path=None, target=None):
+        if name == "glide" or name.startswith(("glide.", "glide_shared")):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocked())
+"""
+
+WITHOUT_GLIDE_CHECKS = """
+import functools, sys
+import trio
+import vrt
+from vrt._cluster.store import MemoryStore, StoreError
+
+agent = vrt.define_agent(model=vrt.ScriptedModel([[vrt.say("hi")]]))
+
+async def main():
+    async with trio.open_nursery() as nursery:
+        for store in (None, MemoryStore()):  # no store, or one in this process
+            await nursery.start(functools.partial(vrt.serve, agent, "127.0.0.1", 0, store=store))
+        nursery.cancel_scope.cancel()
+    try:
+        await vrt.serve(agent, "127.0.0.1", 0, store="redis://127.0.0.1:1")
+    except StoreError as exc:
+        print(exc)
+
+trio.run(main)
+assert not [m for m in sys.modules if m.startswith("glide")], "glide was imported"
+from vrt._cli import main as cli
+sys.exit(cli(["serve", "tests.deploy_agent:agent", "--store", "redis://127.0.0.1:1"]))
+"""
+
+
+def test_without_the_redis_extra_only_a_store_needs_it() -> None:
+    """valkey-glide is the ``trio-vrt[redis]`` extra: ``import vrt`` and ``vrt.serve``
+    without a Redis store never import it, and with one the error names what to install;
+    ``vrt serve --store`` prints that one line and exits 2 (here glide is blocked by a
+    meta path finder, as if it were not installed)."""
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_GLIDE + WITHOUT_GLIDE_CHECKS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    missing = "the Redis/Valkey store client is not installed: pip install 'trio-vrt[redis]'"
+    assert result.stdout == missing + "\n", result.stderr[-2000:]
+    assert (result.returncode, result.stderr) == (2, f"vrt serve: {missing}\n")
+
+
+@pytest.mark.network
+async def test_valkey_glides_own_log_stays_out_of_ours(capfd: pytest.CaptureFixture[str]) -> None:
+    """glide's Rust core logs by itself, to file descriptor 1 with ANSI colours (a
+    connection that fails, a request that times out), and has no hook into Python's
+    logging: vrt turns it off when it connects, and says what went wrong once, as a
+    :class:`StoreError` its caller logs."""
+    store = RedisStore(host="127.0.0.1", port=free_port(), timeout=0.3)
+    with pytest.raises(StoreError, match="cannot connect"):
+        await store.connect()
+    await trio.sleep(0.2)  # glide writes its log from a thread of its own
+    out, err = capfd.readouterr()
+    assert "\x1b[" not in out + err and "glide" not in out + err, out + err

@@ -1,5 +1,7 @@
 """The store on Redis or Valkey (``redis://``, ``valkey://``): valkey-glide's async client,
-which runs under Trio through anyio, imported when a server first connects.
+which runs under Trio through anyio, imported when a server first connects. It is the
+``trio-vrt[redis]`` extra: without it, :class:`RedisStore` raises :class:`StoreError`
+naming what to install.
 
 The rules are :mod:`vrt._cluster.store`'s; here each change is one Lua script, atomic on the
 server and one round trip.
@@ -9,6 +11,11 @@ A Redis or Valkey Cluster works as it is: the URL names any one of its nodes, an
 client, which learns the other nodes and sends each key to its shard. A session's keys
 share a hash tag (``vrt:{ID}:session``, ``vrt:{ID}:history``), so each script touches one
 slot; a node's lease is a key of its own, on whichever shard its slot is.
+
+valkey-glide's Rust core logs by itself, to stdout with ANSI colours or to files under
+``./glide-logs`` (its ``Logger`` has no hook into Python's logging): :meth:`RedisStore.connect`
+turns it off, unless the application configured ``glide.Logger`` first. What the client has
+to say reaches vrt anyway, as the error of the call it failed, which vrt logs once.
 """
 
 from __future__ import annotations
@@ -20,12 +27,25 @@ from typing import Any
 
 import trio
 
-from vrt._cluster.store import TIMEOUT, Saved, StoreError, history_key, node_key, session_key
+from vrt._cluster.store import (
+    TIMEOUT,
+    Saved,
+    StoreError,
+    StoreForgot,
+    history_key,
+    node_key,
+    session_key,
+)
 
 log = logging.getLogger("vrt.server")
 
+MISSING = "the Redis/Valkey store client is not installed: pip install 'trio-vrt[redis]'"
+"""What :class:`RedisStore` raises (a :class:`StoreError`) without valkey-glide."""
+
 # Each change is one script: atomic on the server, one round trip. KEYS[1] is the
-# session's hash (owner, state), KEYS[2] its history (a list, an item each).
+# session's hash (owner, state), KEYS[2] its history (a list, an item each). A save
+# answers 1 (written), 0 (another node owns it) or -1 (the store lacks history items
+# before the first one sent: it forgot them, or the whole record; nothing written).
 _SAVE = """
 local found = redis.call('HMGET', KEYS[1], 'owner', 'front')
 if found[1] and found[1] ~= ARGV[1] then return 0 end
@@ -35,7 +55,7 @@ local at = tonumber(found[2] or ARGV[5])
 local stored = redis.call('LLEN', KEYS[2])
 local stop = at + stored
 if front > at and stop < front then stop = front end
-if first > stop then return redis.error_reply('history items missing before ' .. first) end
+if first > stop then return -1 end
 if front > at then
   redis.call('LTRIM', KEYS[2], front - at, -1)
   at = front
@@ -82,6 +102,10 @@ class RedisStore:
         password: str | None = None,
         timeout: float = TIMEOUT,
     ) -> None:
+        try:
+            import glide  # noqa: F401 - the extra: here, so that a missing one fails at once
+        except ImportError:
+            raise StoreError(MISSING) from None
         self.host = host
         self.port = port
         self.database = database
@@ -130,6 +154,8 @@ class RedisStore:
         """
         try:
             from glide import (
+                AdvancedGlideClientConfiguration,
+                AdvancedGlideClusterClientConfiguration,
                 ClosingError,
                 GlideClient,
                 GlideClientConfiguration,
@@ -139,18 +165,22 @@ class RedisStore:
                 NodeAddress,
                 ServerCredentials,
             )
-        except ImportError:  # pragma: no cover - a dependency of trio-vrt
-            raise StoreError("valkey-glide is not installed") from None
+        except ImportError:  # pragma: no cover - checked when the store was made
+            raise StoreError(MISSING) from None
+        _quiet_glide()
         credentials = (
             ServerCredentials(password=self._password, username=self._username)
             if self._password is not None
             else None
         )
+        ms = int(self.timeout * 1000)
         common: dict[str, Any] = {
             "use_tls": self.tls,
             "credentials": credentials,
-            "request_timeout": int(self.timeout * 1000),
+            "request_timeout": ms,
             "client_name": "trio-vrt",
+            # glide connects with a blocking call (the event loop waits): no longer than this
+            "advanced_config": AdvancedGlideClientConfiguration(connection_timeout=ms),
         }
         seed = [NodeAddress(self.host, self.port)]
         no_primary: Exception | None = None
@@ -175,6 +205,7 @@ class RedisStore:
                 raise no_primary
             config = GlideClientConfiguration(seed, database_id=self.database, **common)
             return await GlideClient.create(config)
+        common["advanced_config"] = AdvancedGlideClusterClientConfiguration(connection_timeout=ms)
         config = GlideClusterClientConfiguration(seed, database_id=self.database or None, **common)
         try:
             return await GlideClusterClient.create(config)
@@ -213,12 +244,13 @@ class RedisStore:
         assert scope.cancelled_caught
         raise StoreError(f"the store did not answer within {self.timeout:g} s")
 
-    async def heartbeat(self, node: str, address: str, ttl: float) -> None:
+    async def heartbeat(self, node: str, address: str, ttl: float) -> bool:
         from glide import ExpirySet, ExpiryType
 
-        await self._call(
-            "set", node_key(node), address, None, ExpirySet(ExpiryType.MILLSEC, _ms(ttl))
+        had = await self._call(  # SET ... GET: the lease as it was
+            "set", node_key(node), address, None, ExpirySet(ExpiryType.MILLSEC, _ms(ttl)), True
         )
+        return had is not None
 
     async def node_address(self, node: str) -> str | None:
         found = await self._call("get", node_key(node))
@@ -244,6 +276,8 @@ class RedisStore:
             _keys(session_id),
             [node, owner, state, str(_ms(ttl)), str(front), str(first), *items],
         )
+        if done == -1:
+            raise StoreForgot(f"history items missing before {first}")
         return bool(done)
 
     async def load(self, session_id: str) -> Saved | None:
@@ -259,18 +293,25 @@ class RedisStore:
     async def delete(self, session_id: str, node: str) -> None:
         await self._script(_DELETE, _keys(session_id), [node])
 
-    async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
+    async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
         from glide import Batch, ClusterBatch
 
         ids = list(session_ids)
         ms = _ms(ttl)
+        gone: set[str] = set()
         for start in range(0, len(ids), 250):  # one round trip per 250 sessions
             # Not atomic: in a cluster, glide sends each key to its own shard.
             batch = ClusterBatch(is_atomic=False) if self.cluster else Batch(is_atomic=False)
-            for session_id in ids[start : start + 250]:
+            chunk = ids[start : start + 250]
+            for session_id in chunk:
                 for key in _keys(session_id):
                     batch.pexpire(key, ms)
-            await self._call("exec", batch, False)
+            done = await self._call("exec", batch, False) or ()
+            # PEXPIRE answers False for a key that is not there: the session's hash or its
+            # history list gone (an empty history is no key either: its keeper knows)
+            pairs = zip(chunk, done[::2], done[1::2], strict=False)
+            gone.update(s for s, record, history in pairs if not (record and history))
+        return gone
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -286,6 +327,14 @@ async def _close(client: Any, seconds: float) -> None:
             await client.close()
         except Exception:  # closing: nothing left to tell anyone
             pass
+
+
+def _quiet_glide() -> None:
+    """Turn valkey-glide's own log off (stdout with ANSI colours, or files), unless the
+    application configured it before (``glide.Logger.init`` keeps a configured logger)."""
+    from glide import Logger, LogLevel
+
+    Logger.init(LogLevel.OFF)
 
 
 def _keys(session_id: str) -> list[str]:

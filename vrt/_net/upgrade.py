@@ -68,9 +68,13 @@ Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
 
 
 class Front(Protocol):
-    """What the HTTP front asks of its server: whether it is draining (``handover-v1``)."""
+    """What the HTTP front asks of its server: whether it is draining (``handover-v1``),
+    and whether its store is out of reach (``GET /healthz``)."""
 
     draining: bool
+
+    @property
+    def store_unreachable(self) -> bool: ...
 
 
 async def upgrade(
@@ -88,7 +92,14 @@ async def upgrade(
     """
     draining = server is not None and server.draining
     try:
-        if await front(stream, demo=options.web_demo, draining=draining, metrics=options.metrics):
+        unreachable = server is not None and server.store_unreachable
+        if await front(
+            stream,
+            demo=options.web_demo,
+            draining=draining,
+            store_unreachable=unreachable,
+            metrics=options.metrics,
+        ):
             return None
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return None

@@ -207,13 +207,14 @@ class ServerOptions(TypedDict, total=False):
     """
 
     store: str | Store | None
-    """``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a store object shared
-    by servers of one process (``vrt._cluster.store.MemoryStore``). Each session is saved there at
-    every turn boundary; a resume that reaches another server sharing the store is relayed to the
-    one running the session, or adopts it there once it was handed over (:meth:`vrt.Server.drain`)
-    or its server died (after a lease of 5 s: the turn that was running ends ``interrupted``).
-    Records expire with ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if
-    the store does not answer. Without a store, sessions live in this process only.
+    """``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide: ``pip install
+    'trio-vrt[redis]'``), or a store object shared by servers of one process
+    (``vrt._cluster.store.MemoryStore``). Each session is saved there at every turn boundary; a
+    resume that reaches another server sharing the store is relayed to the one running the session,
+    or adopts it there once it was handed over (:meth:`vrt.Server.drain`) or its server died (after
+    a lease of 5 s: the turn that was running ends ``interrupted``). Records expire with
+    ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if the store does not
+    answer, or valkey-glide is not installed. Without a store, sessions live in this process only.
 
     Default: ``None``. Command line: ``vrt serve --store``.
     """

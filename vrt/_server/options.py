@@ -61,14 +61,16 @@ class ServeOptions:
             help="redis://HOST:PORT[/DB] or valkey://...: where sessions are saved, shared by "
             "every node (default: none, sessions live in this process)",
         ),
-        doc="""``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a store
-        object shared by servers of one process (``vrt._cluster.store.MemoryStore``). Each
+        doc="""``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide: ``pip install
+        'trio-vrt[redis]'``), or a store object shared by servers of one process
+        (``vrt._cluster.store.MemoryStore``). Each
         session is saved there at every turn boundary; a resume that reaches another server
         sharing the store is relayed to the one running the session, or adopts it there
         once it was handed over (:meth:`vrt.Server.drain`) or its server died (after a lease of
         5 s: the turn that was running ends ``interrupted``). Records expire with
         ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if the
-        store does not answer. Without a store, sessions live in this process only.""",
+        store does not answer, or valkey-glide is not installed. Without a store,
+        sessions live in this process only.""",
     )
     node: str | None = option(
         None,
