@@ -153,6 +153,14 @@ class Keeper:
         elif self.movement.can("hand_over") and self._nursery is not None:
             self._nursery.start_soon(self.hand_over)
 
+    def hand_over_idle(self) -> bool:
+        """Rebalancing asks (its node holds more than its share): hand the session over
+        now if it is between turns here; whether it will."""
+        if not (self.host.in_session and self.movement.can("hand_over")) or not self._nursery:
+            return False
+        self._nursery.start_soon(self.hand_over)
+        return True
+
     def resave(self, everything: bool = True) -> bool:
         """The store forgot this session (its node found out: a heartbeat found the lease
         gone, ``everything``; or a touch a key of the record): write the last boundary
@@ -370,6 +378,7 @@ class Keeper:
         session_id = self.host.session_id
         self.node.sessions.add(session_id)
         self.node.resavers[session_id] = self.resave
+        self.node.movers[session_id] = self.hand_over_idle
 
 
 class _Unsaved:

@@ -14,11 +14,19 @@ one WARNING marks when the store starts to fail and one when it answers again, a
 ``GET /healthz`` says ``503 store unreachable`` meanwhile. A heartbeat that finds the
 node's own lease gone means the store forgot (restarted without persistence, flushed,
 failed over, or an outage outlasted the lease): every session here is saved again, whole.
+
+Nodes share the sessions out among themselves (:meth:`Node.rebalance`): each counts its
+sessions in the store's census every few seconds, and one that holds more than its share
+(the live nodes' sessions over the live nodes, with a margin) hands idle sessions over, a
+few at a time; their clients reconnect through the load balancer, which sends each where
+it sends it, so the spread evens out over a few rounds (a worker restarted empty, a node
+added behind the balancer).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -44,6 +52,18 @@ HEARTBEAT = 1.0
 """Seconds between two heartbeats."""
 LOCATE_TIMEOUT = LEASE + 3.0
 """Seconds a resume may wait for a dead owner's lease to run out."""
+REBALANCE_EVERY = 2.0
+"""Seconds between two rounds of rebalancing (a census each)."""
+REBALANCE_MARGIN = 0.1
+"""A node holds at most its share and this much more (and one session) before it hands
+sessions over."""
+REBALANCE_MOVES = 10
+"""Idle sessions a node hands over in one round, at most: a worker restarted empty fills
+at about 5 sessions a second from each node above its share."""
+
+Mover = Callable[[], bool]
+"""A keeper's ``hand_over_idle``: hand the session over now if it is between turns;
+whether it will."""
 
 
 @attrs.frozen
@@ -88,6 +108,8 @@ class Node:
         """Sessions being adopted here now (a second resume of one waits for it)."""
         self.relayed: set[Any] = set()
         """Client connections this node relays to another (closed with 1012 by a drain)."""
+        self.movers: dict[str, Mover] = {}
+        """Each session saved here, its keeper's ``hand_over_idle`` (rebalancing)."""
         self.resavers: dict[str, Resave] = {}
         """Each session saved here, its keeper's ``resave``: the store forgot, save it
         whole again."""
@@ -117,6 +139,7 @@ class Node:
         task_status.started()
         touch_every = max(1.0, self.resume_window / 2)
         next_touch = trio.current_time() + touch_every
+        next_census = trio.current_time() + REBALANCE_EVERY
         while not self._stopped:
             await trio.sleep(HEARTBEAT)
             if self._stopped:
@@ -137,6 +160,42 @@ class Node:
                 self._forgot(self.resavers, everything=True)
             elif gone:
                 self._forgot({s: f for s, f in self.resavers.items() if s in gone})
+            if trio.current_time() >= next_census:
+                next_census = trio.current_time() + REBALANCE_EVERY
+                try:
+                    await self.rebalance()
+                except StoreError as exc:
+                    self.store_failed(exc)
+
+    async def rebalance(self) -> int:
+        """One round of sharing out (see the module): count this node's sessions in the
+        store's census and, above its share, hand some idle ones over (at most
+        REBALANCE_MOVES). How many it hands over. A draining node counts itself out."""
+        mine = len(self.sessions)
+        counts = await self.store.census(
+            self.name, -1 if self.draining else mine, REBALANCE_EVERY * 3
+        )
+        if self.draining or len(counts) < 2:
+            return 0
+        total = sum(counts.values())
+        share = math.ceil(total / len(counts) * (1 + REBALANCE_MARGIN))
+        surplus = min(mine - share, REBALANCE_MOVES)
+        moved = 0
+        for mover in list(self.movers.values()):
+            if moved >= surplus:
+                break
+            moved += mover()
+        if moved:
+            log.info(
+                "node %s: %d of the %d sessions of %d nodes (share %d): handing %d over",
+                self.name,
+                mine,
+                total,
+                len(counts),
+                share,
+                moved,
+            )
+        return moved
 
     def _forgot(self, resavers: dict[str, Resave], *, everything: bool = False) -> None:
         """The store forgot: this node's lease (``everything``: restarted without
@@ -251,6 +310,7 @@ class Node:
         """The session left this node (closed for good, or handed over)."""
         self.sessions.discard(session_id)
         self.resavers.pop(session_id, None)
+        self.movers.pop(session_id, None)
 
 
 def default_name(worker: int | None = None) -> str:

@@ -32,6 +32,7 @@ from vrt._cluster.store import (
     Saved,
     StoreError,
     StoreForgot,
+    census_key,
     history_key,
     node_key,
     session_key,
@@ -82,6 +83,26 @@ return {ARGV[2], found[2], redis.call('LRANGE', KEYS[2], 0, -1), found[3] or '0'
 _DELETE = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1], KEYS[2]) end
 return 1
+"""
+# KEYS[1] the census (a hash: node -> "UNTIL_MS COUNT"), on the server's clock: a node's
+# count is its own, live until UNTIL; the dead are dropped by whoever counts next.
+_CENSUS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], (now + tonumber(ARGV[3])) .. ' ' .. ARGV[2])
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local untl, count = string.match(all[i + 1], '^(%d+) (-?%d+)$')
+  if not untl or tonumber(untl) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif tonumber(count) >= 0 then
+    out[#out + 1] = all[i]
+    out[#out + 1] = count
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return out
 """
 
 
@@ -255,6 +276,11 @@ class RedisStore:
     async def node_address(self, node: str) -> str | None:
         found = await self._call("get", node_key(node))
         return None if found is None else bytes(found).decode()
+
+    async def census(self, node: str, sessions: int, ttl: float) -> dict[str, int]:
+        found = await self._script(_CENSUS, [census_key()], [node, str(sessions), str(_ms(ttl))])
+        pairs = [bytes(x).decode() for x in found or ()]
+        return {pairs[i]: int(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)}
 
     async def forget_node(self, node: str) -> None:
         await self._call("delete", [node_key(node)])

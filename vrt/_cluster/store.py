@@ -101,6 +101,11 @@ class Store(Protocol):
         some (or the whole record); a save with ``first == front`` and every item never
         raises it."""
 
+    async def census(self, node: str, sessions: int, ttl: float) -> dict[str, int]:
+        """Count ``sessions`` for ``node`` for ``ttl`` seconds (-1: it is draining, no
+        place for sessions to go), and return every live node's count but the draining
+        ones', this one's included: what rebalancing shares out."""
+
     async def load(self, session_id: str) -> Saved | None:
         """The session's record, or None (never saved, deleted or expired)."""
 
@@ -167,6 +172,11 @@ def history_key(session_id: str) -> str:
     return f"{KEY_PREFIX}{{{session_id}}}:history"
 
 
+def census_key() -> str:
+    """The nodes' session counts (one hash: one slot in a cluster)."""
+    return f"{KEY_PREFIX}census"
+
+
 def node_key(node: str) -> str:
     """A node's lease's key."""
     return f"{KEY_PREFIX}node:{node}"
@@ -183,6 +193,7 @@ class MemoryStore:
         self._sessions: dict[str, tuple[Saved, float]] = {}
         """Each session's record and when it expires (its history a tuple in the record)."""
         self._nodes: dict[str, tuple[str, float]] = {}
+        self._census: dict[str, tuple[int, float]] = {}
         self.saves = 0
         """How many saves were written (for tests)."""
 
@@ -212,6 +223,15 @@ class MemoryStore:
     async def forget_node(self, node: str) -> None:
         await trio.lowlevel.checkpoint()
         self._nodes.pop(node, None)
+
+    async def census(self, node: str, sessions: int, ttl: float) -> dict[str, int]:
+        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        self._census[node] = (sessions, now + ttl)
+        for name, (_, until) in list(self._census.items()):
+            if until <= now:
+                del self._census[name]
+        return {name: count for name, (count, _) in self._census.items() if count >= 0}
 
     async def save(
         self,
