@@ -90,7 +90,11 @@ class ServeOptions:
     node: str | None = option(
         None,
         group="production",
-        flag=Flag(metavar="NAME", help="this process's name in the store (default: host:pid)"),
+        flag=Flag(
+            metavar="NAME",
+            help="this process's name in the store and in log lines (default: host:pid; a "
+            "worker's NAME:i or host:pid:i)",
+        ),
         doc="""This server's name in the store and in logs (default ``host:pid``).""",
     )
     drain_timeout: float = option(
