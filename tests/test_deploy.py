@@ -220,8 +220,8 @@ async def test_two_nodes_on_a_redis_cluster_hand_a_session_over(
 
 
 async def run_vrt_serve(*args: str) -> subprocess.CompletedProcess[bytes]:
-    """``vrt serve ARGS`` to its end (within 20 s), its output captured."""
-    with trio.fail_after(20):
+    """``vrt serve ARGS`` to its end (within 45 s), its output captured."""
+    with trio.fail_after(45):
         return await trio.run_process(
             [sys.executable, "-m", "vrt", "serve", *args],
             cwd=ROOT,
@@ -334,7 +334,7 @@ async def test_a_crashed_worker_is_started_again_until_it_keeps_crashing(
             nursery.start_soon(keep_asking, done)
             killed = min(first)
             os.kill(killed, signal.SIGKILL)
-            with trio.fail_after(15):
+            with trio.fail_after(30):
                 while "is ready again" not in log.read_text():  # noqa: ASYNC110
                     await trio.sleep(0.05)
             done.set()
@@ -359,7 +359,7 @@ async def test_a_crashed_worker_is_started_again_until_it_keeps_crashing(
 
         crash.touch()  # from now on, a worker cannot start
         os.kill(min(back), signal.SIGKILL)
-        with trio.fail_after(20):
+        with trio.fail_after(60):
             await parent.wait()
     assert parent.returncode == 1
     text = log.read_text()

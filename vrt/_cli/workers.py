@@ -24,9 +24,9 @@ Theory of operation:
   in a row gives up: one line, the other workers drain, exit 1. A worker that ran
   ``STABLE`` seconds before it crashed starts the count again.
 - **Stopping.** SIGTERM drains every worker (exit 0 once they all have); a second
-  SIGTERM, or SIGINT, stops them at once (exit 130). Workers are in a process group of
-  their own, so a terminal's Ctrl-C reaches them only through the parent; a worker that
-  is not ready yet has nothing to lose and is killed. Every wait has a deadline.
+  SIGTERM, or SIGINT, stops them at once (exit 130). Workers are in a session of their
+  own, so a terminal's Ctrl-C reaches them only through the parent; a worker that is not
+  ready yet has nothing to lose and is killed. Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import argparse
 import logging
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -243,6 +244,8 @@ class Supervisor:
                             continue
                         if self.status == 0:
                             self.status = 130
+                        name = signal.Signals(signum).name
+                        log.info("%s: stopping every worker at once", name)
                         self._stop_now()
                         break
         finally:
@@ -297,8 +300,13 @@ class Supervisor:
         try:
             listen = [listener.socket.fileno() for listener in self.listeners]
             command = worker_command(self.args, self.port, index, listen, theirs.fileno())
+            # A session of its own: a terminal's signals (Ctrl-C, hang-up, job control)
+            # reach the workers only through the parent.
             process = await trio.lowlevel.open_process(
-                command, pass_fds=[*listen, theirs.fileno()], process_group=0
+                command,
+                pass_fds=[*listen, theirs.fileno()],
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
             )
         except BaseException:
             ours.close()
