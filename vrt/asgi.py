@@ -70,7 +70,7 @@ def app(agent: Agent, *, store: None = None, **options: Unpack[AppOptions]) -> A
     else by the client's address as the ASGI server reports it (behind a proxy, the proxy's,
     unless the server is told to trust its forwarding headers).
 
-    Not taken (TypeError, as for any unknown option): ``host``, ``port`` and ``reuse_port``
+    Not taken (TypeError, as for any unknown option): ``host``, ``port`` and ``sockets``
     (the ASGI server listens), ``max_pending_connections`` and ``max_pending_per_peer`` (it
     accepts TCP and reads the upgrade), ``ssl_context`` (it serves TLS), ``relay_host``,
     ``node`` and ``drain_timeout``. ``store`` (sessions across processes: relays, handover,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -145,6 +146,10 @@ class RedisStore:
     async def connect(self) -> None:
         """Connect (within the timeout), or raise :class:`StoreError`. A cluster is found
         here, whichever of its nodes the URL names; see :meth:`_open`."""
+        # A refusal comes back within a round trip; glide says "timed out", seconds later.
+        refused = await _refused(self.host, self.port, seconds=min(self.timeout, 1.0))
+        if refused is not None:
+            raise StoreError(f"cannot connect to the store at {self.host}:{self.port}: {refused}")
         with trio.move_on_after(self.timeout + 1.0) as scope:
             try:
                 self._client = await self._open()
@@ -397,3 +402,19 @@ def _ms(seconds: float) -> int:
 def _short(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+async def _refused(host: str, port: int, *, seconds: float) -> str | None:
+    """Why a TCP connection to ``host:port`` fails at once (``connection refused``: nothing
+    listens there; an unknown host), or None if it connects, or not within ``seconds``."""
+    with trio.move_on_after(seconds):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            causes = exc.__cause__ if isinstance(exc.__cause__, BaseExceptionGroup) else None
+            failed = list(causes.exceptions) if causes is not None else [exc]
+            if all(isinstance(each, ConnectionRefusedError) for each in failed):
+                return "connection refused"
+            return exc.strerror if isinstance(exc, socket.gaierror) else None
+        await stream.aclose()
+    return None

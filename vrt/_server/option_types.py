@@ -8,8 +8,9 @@ when this file is stale.
 
 from __future__ import annotations
 
+import socket
 import ssl
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TypedDict
 
 from vrt._cluster.store import Store
@@ -36,7 +37,7 @@ class ServerOptions(TypedDict, total=False):
     Observability: ``capture_content``, ``metrics``.
 
     Serving in production (docs/deploy.md): ``store``, ``node``, ``drain_timeout``, ``relay_host``,
-    ``reuse_port``.
+    ``sockets``.
     """
 
     capabilities: Collection[str]
@@ -238,11 +239,15 @@ class ServerOptions(TypedDict, total=False):
     Default: ``None``. Command line: ``vrt serve --relay-host``.
     """
 
-    reuse_port: bool
-    """Listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several processes on one port, the
-    kernel spreading connections across them).
+    sockets: Sequence[socket.socket] | None
+    """Serve on these listening TCP sockets instead of binding ``host:port``: sockets someone else
+    bound and holds (``vrt serve --workers``: the parent's, one set shared by every worker;
+    systemd's socket activation). The kernel queues new connections on each socket while any process
+    holds it open, and whichever process accepts first gets them. The server closes its copies when
+    it returns, and at once on :meth:`vrt.Server.drain` (it stops accepting: the others holding them
+    take the new connections). ValueError if one is not a listening TCP socket.
 
-    Default: ``False``.
+    Default: ``None``.
     """
 
 

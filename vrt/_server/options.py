@@ -9,8 +9,9 @@ the store (``vrt._cluster``), which the plumbing room must not import.
 
 from __future__ import annotations
 
+import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +33,22 @@ from vrt._net.tls import server_context
 
 def _tls(name: str, value: object) -> ssl.SSLContext | None:
     return None if value is None else server_context(value)
+
+
+def _listening(name: str, value: object) -> tuple[socket.socket, ...] | None:
+    if value is None:
+        return None
+    sockets = tuple(value) if isinstance(value, list | tuple) else None
+    if not sockets or not all(isinstance(sock, socket.socket) for sock in sockets):
+        raise ValueError(f"{name} must be a list of listening sockets, not {value!r}")
+    for sock in sockets:
+        try:
+            listens = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        except OSError:  # closed
+            listens = 0
+        if sock.type != socket.SOCK_STREAM or not listens:
+            raise ValueError(f"{name}: {sock!r} is not a listening TCP socket")
+    return sockets
 
 
 @attrs.frozen(kw_only=True)
@@ -75,7 +92,11 @@ class ServeOptions:
     node: str | None = option(
         None,
         group="production",
-        flag=Flag(metavar="NAME", help="this process's name in the store (default: host:pid)"),
+        flag=Flag(
+            metavar="NAME",
+            help="this process's name in the store and in log lines (default: host:pid; a "
+            "worker's NAME:i or host:pid:i)",
+        ),
         doc="""This server's name in the store and in logs (default ``host:pid``).""",
     )
     drain_timeout: float = option(
@@ -97,11 +118,17 @@ class ServeOptions:
         its own is opened there; default: ``host``, or this machine's address when ``host``
         is a wildcard).""",
     )
-    reuse_port: bool = option(
-        False,
+    sockets: Sequence[socket.socket] | None = option(
+        None,
         group="production",
-        doc="""Listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several processes on
-        one port, the kernel spreading connections across them).""",
+        rule=Rule(_listening),
+        doc="""Serve on these listening TCP sockets instead of binding ``host:port``: sockets
+        someone else bound and holds (``vrt serve --workers``: the parent's, one set shared by
+        every worker; systemd's socket activation). The kernel queues new connections on
+        each socket while any process holds it open, and whichever process accepts first
+        gets them. The server closes its copies when it returns, and at once on
+        :meth:`vrt.Server.drain` (it stops accepting: the others holding them take the new
+        connections). ValueError if one is not a listening TCP socket.""",
     )
 
 
