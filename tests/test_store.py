@@ -85,6 +85,21 @@ async def test_a_node_lives_while_it_beats(store: Store) -> None:
     assert await store.node_address(node) is None
 
 
+async def test_the_census_counts_the_live_nodes_but_the_draining(store: Store) -> None:
+    """What rebalancing shares out: each node's session count, live for its ttl, on the
+    store's clock; a draining node (-1) is counted out, a silent one drops out."""
+    a, b, c = sid(), sid(), sid()
+    assert (await store.census(a, 3, 0.4))[a] == 3
+    counts = await store.census(b, 5, 5)
+    assert (counts[a], counts[b]) == (3, 5)
+    counts = await store.census(c, -1, 5)
+    assert c not in counts and counts[b] == 5
+    await trio.sleep(0.6)
+    counts = await store.census(b, 4, 5)
+    assert a not in counts and counts[b] == 4
+    assert c not in counts
+
+
 async def test_owners_change_only_by_compare_and_set(store: Store) -> None:
     s = sid()
     assert await store.load(s) is None
