@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,15 +20,21 @@ pytest_plugins = ["vrt.testing"]  # the vrt_pair and vrt_serve fixtures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The README runs the suite twice, the second time on real python-statemachine
     instances (VRT_STRICT_MACHINES=1). Tests marked ``network`` (hostile peers, bad
-    networks: sockets and timing, not machines) run in the first pass only: deselected in
-    the second, never skipped. Tests marked ``llamacpp`` run only with VRT_LLAMACPP=1."""
+    networks: sockets and timing, not machines) run in the first pass only; tests marked
+    ``once`` (the model checker's: they read the machine classes and their tables
+    themselves, whatever the switch says) in the second only, unless their file is named
+    on the command line. Deselected in the other pass, never skipped. Tests marked
+    ``llamacpp`` run only with VRT_LLAMACPP=1."""
     strict = os.environ.get("VRT_STRICT_MACHINES") == "1"
     llamacpp = os.environ.get("VRT_LLAMACPP") == "1"
+    named = {Path(str(arg).split("::")[0]).resolve() for arg in config.args}
 
     def wanted(item: pytest.Item) -> bool:
         if item.get_closest_marker("llamacpp") is not None and not llamacpp:
             return False  # opt-in: needs a llama.cpp server package and a model
-        return not (strict and item.get_closest_marker("network") is not None)
+        if strict:
+            return item.get_closest_marker("network") is None
+        return item.get_closest_marker("once") is None or item.path in named
 
     kept = [item for item in items if wanted(item)]
     if len(kept) != len(items):

@@ -34,6 +34,10 @@ from vrt.check._state import (
     State,
 )
 
+# The checker reads the machine classes and their tables itself, whatever
+# VRT_STRICT_MACHINES says: one pass runs it (the second, conftest).
+pytestmark = pytest.mark.once
+
 # -- each machine ---------------------------------------------------------------------------------
 
 
