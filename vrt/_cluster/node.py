@@ -121,6 +121,9 @@ class Node:
         a save that failed waits for before it tries again)."""
         self.answering.set()
         self._failing_since = 0.0
+        self._moved = 0
+        """Sessions the last round of rebalancing handed over: the census may not count
+        them anywhere yet (the nodes they went to count every few seconds too)."""
         self._stopped = False
 
     @property
@@ -175,9 +178,12 @@ class Node:
         counts = await self.store.census(
             self.name, -1 if self.draining else mine, REBALANCE_EVERY * 3
         )
+        in_flight, self._moved = self._moved, 0
         if self.draining or len(counts) < 2:
             return 0
-        total = sum(counts.values())
+        # Those handed over last round count as somewhere else (they may be counted
+        # twice: then the share is too high, and fewer go this round; never too many).
+        total = sum(counts.values()) + in_flight
         share = math.ceil(total / len(counts) * (1 + REBALANCE_MARGIN))
         surplus = min(mine - share, REBALANCE_MOVES)
         moved = 0
@@ -185,6 +191,7 @@ class Node:
             if moved >= surplus:
                 break
             moved += mover()
+        self._moved = moved
         if moved:
             log.info(
                 "node %s: %d of the %d sessions of %d nodes (share %d): handing %d over",
