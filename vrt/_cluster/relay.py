@@ -105,33 +105,33 @@ async def relay(
     if owner_at.pin is not None:
         stream = trio.SSLStream(tcp, pinning_context(), server_hostname=None)
     # The stream is ours to close: trio-websocket's client leaves it open when the other
-    # side ends the connection first.
+    # side ends the connection first. Unreachable is raised once out of the nursery (in
+    # it, Trio would wrap it in an ExceptionGroup, which the caller would not catch).
+    failed: str | None = None
     async with stream, trio.open_nursery() as nursery:
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
                 if isinstance(stream, trio.SSLStream):
                     await stream.do_handshake()
                     if pin_of(stream) != owner_at.pin:
-                        raise Unreachable(
-                            f"the owner at {address} presents another certificate than "
-                            "its lease names"
-                        )
-                owner = await wrap_client_stream(
-                    nursery,
-                    stream,
-                    owner_at.host,
-                    path,
-                    extra_headers=headers,
-                    max_message_size=max_message_size,
-                )
-                await owner.send_message(hello)
-                first = await owner.get_message()
+                        failed = "presents another certificate than its lease names"
+                if failed is None:
+                    owner = await wrap_client_stream(
+                        nursery,
+                        stream,
+                        owner_at.host,
+                        path,
+                        extra_headers=headers,
+                        max_message_size=max_message_size,
+                    )
+                    await owner.send_message(hello)
+                    first = await owner.get_message()
         except ConnectionClosed as exc:
             nursery.cancel_scope.cancel()
             code = exc.reason.code if exc.reason is not None else None
             if code == HANDOVER_CLOSE:
                 return Parked()
-            raise Unreachable(f"the owner closed the relay ({code})") from None
+            failed = f"closed the relay ({code})"
         except (
             OSError,
             trio.TooSlowError,
@@ -139,16 +139,19 @@ async def relay(
             HandshakeError,
             ConnectionRejected,
         ) as exc:
+            failed = f"did not take the relay: {exc!r}"
+        if failed is not None:
             nursery.cancel_scope.cancel()
-            raise Unreachable(f"the owner at {address} did not take the relay: {exc!r}") from None
-        try:
-            await client.send_message(first)
-        except ConnectionClosed:
-            await _close(owner, 1000)
+        else:
+            try:
+                await client.send_message(first)
+            except ConnectionClosed:
+                await _close(owner, 1000)
+            else:
+                await _pipe(client, owner)
             nursery.cancel_scope.cancel()
-            return Relayed()
-        await _pipe(client, owner)
-        nursery.cancel_scope.cancel()
+    if failed is not None:
+        raise Unreachable(f"the owner at {address} {failed}")
     return Relayed()
 
 

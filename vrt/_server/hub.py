@@ -240,7 +240,11 @@ class Hub:
             max_message_size=options.max_message_size,
             replay_limit=options.replay_limit,
             replay_limit_bytes=options.replay_limit_bytes,
-            admit=lambda: self._admits(peer),
+            # A relay never opens a session (nodes relay resumes only): refused as a
+            # session over the limits is.
+            admit=(lambda: False)
+            if relay is not None or relay_only
+            else lambda: self._admits(peer),
         )
         proto.max_frame = options.max_message_size  # what vrt.connect takes by default
         try:
