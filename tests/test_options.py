@@ -6,8 +6,8 @@ each worker's command line under ``--workers``) are the declared ones."""
 from __future__ import annotations
 
 import argparse
-import os
 import inspect
+import os
 import re
 import subprocess
 import sys

@@ -287,6 +287,9 @@ class Hub:
                 self._add(actor)
                 log.info("session %s opened for %s", proto.session_id, _shown(peer))
                 await self.nursery.start(actor.run)
+                if not proto.in_session:  # closed before it started, to make room
+                    await send_and_close(ws, [])
+                    return
             await actor.carry(ws, stream)
         except Exception:  # a bug must cost one connection, never the server
             log.exception("connection failed")
