@@ -194,18 +194,6 @@ def sockets(pid: int) -> int:
         return 0
 
 
-def listening(port: int) -> int:
-    """How many sockets listen on 127.0.0.1:``port`` (one per worker: SO_REUSEPORT)."""
-    count = 0
-    with open("/proc/net/tcp") as table:
-        next(table)
-        for line in table:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                count += 1
-    return count
-
-
 def listening_sockets(pid: int) -> int:
     """How many TCP sockets of ``pid`` listen (a worker: its public listener, then its
     relay listener once its store is connected, just before it starts accepting)."""
@@ -302,14 +290,14 @@ class Redis:
         }
 
     def session_records(self, pids: Sequence[int] | None = None) -> list[int]:
-        """The size of every session's saved state (``HSTRLEN vrt:session:* state``), or
+        """The size of every session's saved state (``HSTRLEN vrt:{*}:session state``), or
         of those owned by a node of one of ``pids`` (a node's default name is
         ``host:pid[:worker]``)."""
         cursor, sizes = "0", []
         wanted = None if pids is None else {str(pid) for pid in pids}
         while True:
             cursor_bytes, keys = self.call(
-                "SCAN", cursor, "MATCH", "vrt:session:*", "COUNT", "1000"
+                "SCAN", cursor, "MATCH", "vrt:{*}:session", "COUNT", "1000"
             )
             for key in keys:
                 if wanted is not None:

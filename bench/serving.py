@@ -4,7 +4,7 @@ against off (issue 21). ``python -m bench.load --compare ...``, ``--workers``, `
 and ``--tracing`` run it (bench/README.md, "Serving in production").
 
 - **The servers** are ``vrt serve bench.agents:agent`` processes (the CLI: with
-  ``--workers N`` a parent and N workers on one port, SO_REUSEPORT), started on a free
+  ``--workers N`` a parent and N workers on its listening socket), started on a free
   loopback port (:func:`bench.harness.vrt_serve`), their stderr in a log that must end
   with no ERROR. Their CPU is read from ``/proc/PID/stat`` (utime + stime) of the parent
   and of every child (the workers): summed per window.
@@ -58,7 +58,6 @@ from bench.harness import (
     Redis,
     Served,
     alive,
-    listening,
     listening_sockets,
     ms,
     percentile,
@@ -265,11 +264,11 @@ async def rolling_restart(args: argparse.Namespace, served: Served, redis: Redis
             with trio.fail_after(60):
                 while served.worker_pids().get(index) in (None, pid):  # noqa: ASYNC110
                     await trio.sleep(0.05)
-            with trio.fail_after(60):  # and it listens
-                while listening(served.port) < served.workers:  # noqa: ASYNC110
+            new = served.worker_pids()[index]
+            with trio.fail_after(60):  # and it holds the parent's listening socket
+                while listening_sockets(new) < 1:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             back = time.perf_counter() - began
-            new = served.worker_pids()[index]
             with trio.fail_after(60):  # and it accepts: its relay listener is open
                 while listening_sockets(new) < 2:  # noqa: ASYNC110
                     await trio.sleep(0.01)
@@ -307,7 +306,7 @@ async def rolling_restart(args: argparse.Namespace, served: Served, redis: Redis
         f"{ms(percentile(gaps, 0.5))} p99 {ms(percentile(gaps, 0.99))} max "
         f"{ms(max(gaps, default=float('nan')))} ms; turns failed {sum(during.errors.values())},"
         f" sessions closed {during.closed}\n    resume attempts refused with HTTP 503 (a "
-        f"draining worker still in the SO_REUSEPORT group): {refused}; other failed attempts: "
+        f"draining worker that had accepted it): {refused}; other failed attempts: "
         f"{failed} ({', '.join(f'{k} {v}' for k, v in (+why).most_common()) or 'none'}); "
         f"sockets per worker afterwards: {', '.join(map(str, spread))}",
         flush=True,

@@ -54,8 +54,8 @@ class Recorder:
         self.inner = MemoryStore()
         self.saves: list[Save] = []
 
-    async def heartbeat(self, node: str, address: str, ttl: float) -> None:
-        await self.inner.heartbeat(node, address, ttl)
+    async def heartbeat(self, node: str, address: str, ttl: float) -> bool:
+        return await self.inner.heartbeat(node, address, ttl)
 
     async def node_address(self, node: str) -> str | None:
         return await self.inner.node_address(node)
@@ -97,8 +97,8 @@ class Recorder:
     async def delete(self, session_id: str, node: str) -> None:
         await self.inner.delete(session_id, node)
 
-    async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
-        await self.inner.touch(session_ids, ttl)
+    async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
+        return await self.inner.touch(session_ids, ttl)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

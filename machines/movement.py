@@ -16,8 +16,11 @@ then it is let go
 (``let_go``: its connection closes with 1012, the client resumes elsewhere), or, if the
 store failed, it stays here, ``idle`` (``stay``), and reads what it held. A save that
 finds another process owning the session (this one's lease ran out) lets it go at once,
-a turn and all (``taken``: ``taken_over``; that process settles the turn). ``close`` ends
-it here for good.
+a turn and all (``taken``: ``taken_over``; that process settles the turn). A drain that
+ends with the session still here (its handover could not be written, the store failing;
+or its turn would not end) lets it go unsaved (``abandon``: ``abandoned``): its client
+resumes elsewhere, and the process its resume reaches adopts it from its last save, as
+after a crash, once this one's lease is over. ``close`` ends it here for good.
 
 Without a store the session only ever goes ``new``, ``idle``, ``busy`` and ``closed``.
 
@@ -27,8 +30,8 @@ Invariants:
   from ``moving`` when its turn ends;
 - no turn starts unless it is owned here and between turns (``start`` from ``idle`` only),
   so nothing starts while it is moving, being handed over, or waiting for its resume;
-- ``handed_over``, ``taken_over`` and ``closed`` are final: a session let go never runs
-  here again, and no save is written for it;
+- ``handed_over``, ``taken_over``, ``abandoned`` and ``closed`` are final: a session let
+  go never runs here again, and no save is written for it;
 - a session restored from the store runs nothing before its client's resume.
 """
 
@@ -49,6 +52,7 @@ class Movement(VrtChart):
     handing_over = State()
     handed_over = State(final=True)
     taken_over = State(final=True)
+    abandoned = State(final=True)
     closed = State(final=True)
 
     open = new.to(idle)
@@ -67,6 +71,9 @@ class Movement(VrtChart):
         | busy.to(taken_over)
         | moving.to(taken_over)
         | handing_over.to(taken_over)
+    )
+    abandon = (
+        idle.to(abandoned) | busy.to(abandoned) | moving.to(abandoned) | handing_over.to(abandoned)
     )
     close = (
         new.to(closed)

@@ -511,7 +511,7 @@ def test_import_vrt_does_not_load_it() -> None:
 
 def test_bad_options_raise() -> None:
     for option in ("host", "port", "max_pending_connections", "max_pending_per_peer",
-                   "reuse_port", "relay_host"):  # fmt: skip
+                   "sockets", "relay_host"):  # fmt: skip
         with pytest.raises(TypeError):
             vrt.asgi.app(agent, **{option: 1})
     with pytest.raises(ValueError, match="store"):

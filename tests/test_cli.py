@@ -526,3 +526,16 @@ async def test_web_prints_the_page_and_how_to_watch_it_play(
     out += await process.stdout.receive_some(1 << 16)
     autorun = [line for line in out.decode().splitlines() if "?autorun" in line]
     assert autorun == ([f"vrt serve: {page}?autorun plays the demo by itself"] if demo else [])
+
+
+def test_a_crashing_worker_is_started_again_after_a_doubling_pause_until_the_limit() -> None:
+    """``vrt serve --workers``'s restart rule (vrt/_cli/workers.py): 0.25 s, then twice as
+    long at each crash in a row; the fifth in a row gives up; a worker that served a minute
+    before it crashed starts the count again."""
+    from vrt._cli.workers import STABLE, Restarts
+
+    restarts = Restarts()
+    assert [restarts.crashed(None) for _ in range(5)] == [0.25, 0.5, 1.0, 2.0, None]
+    restarts = Restarts()
+    assert [restarts.crashed(3.0) for _ in range(3)] == [0.25, 0.5, 1.0]
+    assert restarts.crashed(STABLE) == 0.25  # it ran long enough: the first in a row again

@@ -1,6 +1,7 @@
 """Serving in production, as an operator runs it: ``vrt serve --store`` processes, a real
-``redis-server``, HAProxy in front (docs/deploy.md). Every process is started and
-stopped by the test on loopback ports; each server's log must hold no ERROR."""
+``redis-server`` (alone, or a 3-master Redis Cluster), HAProxy in front (docs/deploy.md).
+Every process is started and stopped by the test on loopback ports; each server's log
+must hold no ERROR."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,9 +24,9 @@ import trio
 import vrt
 from tests import servers
 from tests.conftest import Log, until
-from tests.servers import free_port, haproxy, redis_server
+from tests.servers import RedisCluster, free_port, haproxy, redis_cli, redis_cluster, redis_server
 from vrt._cluster.redis import RedisStore
-from vrt._cluster.store import open_store
+from vrt._cluster.store import history_key, node_key, open_store, session_key
 from vrt.testing import LoopbackProxy
 
 pytestmark = pytest.mark.network
@@ -82,8 +84,8 @@ async def test_two_workers_survive_a_sigterm_of_the_one_running_the_session(
 ) -> None:
     """``vrt serve --workers 2 --store``: the worker running the session is sent SIGTERM on
     its own; it drains (the session moves to the other worker), the client sees
-    ``resumed``, never ``closed``; the parent starts the worker again; SIGTERM to the
-    parent drains both and exits 0."""
+    ``resumed``, never ``closed``; the parent starts the worker again, a planned restart
+    logged at INFO (it was a WARNING); SIGTERM to the parent drains both and exits 0."""
     port = free_port()
     flags = ("--port", str(port), "--store", redis_url, "--workers", "2")
     async with (
@@ -112,6 +114,13 @@ async def test_two_workers_survive_a_sigterm_of_the_one_running_the_session(
         with trio.fail_after(15):  # the drained worker was started again
             while not (worker_pids(parent.pid) - first) or len(worker_pids(parent.pid)) < 2:  # noqa: ASYNC110
                 await trio.sleep(0.1)
+        log = tmp_path / "workers.log"
+        index = saved.owner.split(":")[2]
+        planned = (
+            f"vrt.server: worker {index} ({saved.owner}) drained and exited: starting it again"
+        )
+        assert any(entry.endswith(planned) for entry in log_lines(log, "INFO")), log.read_text()
+        assert log_lines(log, "WARNING") == []
         parent.send_signal(signal.SIGTERM)
         with trio.fail_after(20):
             await parent.wait()
@@ -136,6 +145,41 @@ async def test_vrt_serve_with_a_store_drains_on_sigterm_and_exits_0(
         assert process.returncode == 0
 
 
+async def test_after_a_flushall_a_drain_hands_the_whole_session_over(tmp_path: Path) -> None:
+    """Issue 26, finding 1, as an operator met it: one node, two turns, ``redis-cli
+    flushall``, two turns, SIGTERM. The client got ``closed`` (``shutdown``), after
+    thousands of WARNINGs. Now the first save after the flush writes the whole session,
+    the drain hands it over (the client reconnects, to resume elsewhere) and the store
+    holds all of it; the log has no WARNING."""
+    port = free_port()
+    with servers.redis() as redis:
+        async with vrt_serve(tmp_path, "one", "--port", str(port), "--store", redis.url) as (
+            process,
+            _,
+        ):
+            async with vrt.connect(f"ws://127.0.0.1:{port}/") as client:
+                async with client.subscribe() as channel:
+                    events = Log(channel)
+                    for text in ("one", "two"):
+                        await turn(client, events, text)
+                    redis.cli("FLUSHALL")
+                    for text in ("three", "four"):
+                        ended = await turn(client, events, text)
+                    assert said(events, ended.turn_id) == "turn 4, 4 inputs seen, 0 interrupted"
+                    process.send_signal(signal.SIGTERM)
+                    await until(events, lambda e: isinstance(e, vrt.Reconnecting))
+                    with trio.fail_after(10):
+                        await process.wait()
+                    assert process.returncode == 0
+                    async with connected_store(redis.url) as store:
+                        saved = await store.load(client.session_id or "")
+        assert not any(isinstance(e, vrt.Closed) for e in events.events)
+        assert saved is not None and saved.owner == ""  # handed over
+        assert len(saved.history) == 8  # four turns: each an input and an answer
+    log = (tmp_path / "one.log").read_text()
+    assert " WARNING " not in log, log[-3000:]
+
+
 def test_without_a_store_workers_are_refused() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "vrt", "serve", "tests.deploy_agent:agent", "--workers", "2"],
@@ -145,6 +189,232 @@ def test_without_a_store_workers_are_refused() -> None:
         timeout=30,
     )
     assert result.returncode == 2 and "needs --store" in result.stderr
+
+
+# -- a Redis Cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    with redis_cluster() as found:
+        yield found
+
+
+async def test_two_nodes_on_a_redis_cluster_hand_a_session_over(
+    tmp_path: Path, cluster: RedisCluster
+) -> None:
+    """Issue 26's Redis Cluster test: two ``vrt serve --store redis://ONE-NODE:PORT`` nodes
+    on a 3-master cluster, each named so that its lease is on a shard the named node does
+    not hold (neither started before: ``MOVED``). A client through a proxy (the balancer)
+    on the first node; its turns are saved on its session's shard (they were refused
+    before: ``CROSSSLOT``). The first node is drained (SIGTERM) while the proxy sends new
+    connections to the second: the client resumes there, never closed, and its next turn
+    sees the whole history."""
+    seed = int(cluster.url.rsplit(":", 1)[1])
+    names = [n for n in (f"node-{i}" for i in range(50)) if cluster.port_of(node_key(n)) != seed]
+    ports = [free_port(), free_port()]
+    flags = ("--store", cluster.url, "--drain-timeout", "10")
+    async with (
+        vrt_serve(tmp_path, "a", "--port", str(ports[0]), "--node", names[0], *flags) as (a, _),
+        vrt_serve(tmp_path, "b", "--port", str(ports[1]), "--node", names[1], *flags),
+        connected_store(cluster.url) as store,
+        trio.open_nursery() as nursery,
+    ):
+        proxy = LoopbackProxy(ports[0])
+        await nursery.start(proxy.run)
+        async with (
+            vrt.connect(f"ws://127.0.0.1:{proxy.port}/", tools=[note]) as client,
+            client.subscribe() as channel,
+        ):
+            events = Log(channel)
+            ended = await turn(client, events, "hello")
+            assert said(events, ended.turn_id) == "turn 1, 1 inputs seen, 0 interrupted"
+            ended = await turn(client, events, "app note this")  # an app call
+            assert said(events, ended.turn_id) == "turn 2, 2 inputs seen, 0 interrupted"
+            session = client.session_id or ""
+            saved = await store.load(session)
+            assert saved is not None and saved.owner == names[0]
+            shard = cluster.port_of(session_key(session))
+            assert redis_cli(shard, "EXISTS", session_key(session), history_key(session)) == "2"
+            proxy.target_port = ports[1]  # the balancer takes the first node out
+            a.send_signal(signal.SIGTERM)
+            await until(events, lambda e: isinstance(e, vrt.Resumed))
+            with trio.fail_after(10):
+                await a.wait()
+            assert a.returncode == 0
+            ended = await turn(client, events, "still there?")
+            assert said(events, ended.turn_id) == "turn 3, 3 inputs seen, 0 interrupted"
+            saved = await store.load(session)
+            assert saved is not None and saved.owner == names[1]
+            assert not any(isinstance(e, vrt.Closed) for e in events.events)
+            vrt.testing.assert_stream_valid(events.events)  # every call one terminal
+        nursery.cancel_scope.cancel()
+
+
+# -- workers start or the command fails (issue 26) ------------------------------------------------
+
+
+async def run_vrt_serve(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """``vrt serve ARGS`` to its end (within 45 s), its output captured."""
+    with trio.fail_after(45):
+        return await trio.run_process(
+            [sys.executable, "-m", "vrt", "serve", *args],
+            cwd=ROOT,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+def one_line(done: subprocess.CompletedProcess[bytes]) -> str:
+    """The one line a ``vrt serve`` that could not start printed (exit status 2, no
+    banner, nothing else on stderr)."""
+    err = done.stderr.decode()
+    assert done.returncode == 2 and done.stdout == b"", (done.returncode, done.stdout, err)
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+async def test_workers_that_cannot_start_fail_the_command_in_one_line(redis_url: str) -> None:
+    """A store that refuses, a bad ``MODULE:AGENT``, a busy port: ``vrt serve --workers 2``
+    prints what one ``vrt serve`` prints, one line, before any banner, and exits 2 (it
+    printed its banner, then restarted its workers every 1.5-3 s forever, and a refused
+    port was reported as timed out)."""
+    refused = f"redis://127.0.0.1:{free_port()}"
+    workers = ("--workers", "2", "--port", "0")
+    agent = "tests.deploy_agent:agent"
+    results: dict[str, subprocess.CompletedProcess[bytes]] = {}
+
+    async def run(name: str, *args: str) -> None:
+        results[name] = await run_vrt_serve(*args)
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "refused", agent, *workers, "--store", refused)
+            nursery.start_soon(
+                run, "target", "tests.deploy_agent:nope", *workers, "--store", redis_url
+            )
+            nursery.start_soon(
+                run, "busy", agent, "--workers", "2", "--store", redis_url, "--port", str(port)
+            )
+    store_line = f"cannot connect to the store at {refused[8:]}: connection refused"
+    assert one_line(results["refused"]) == f"vrt serve: {store_line}"  # as one process says
+    with pytest.raises(vrt.VrtError, match=f"^{store_line}$"):  # not "timed out"
+        async with connected_store(refused):
+            pass  # pragma: no cover
+    assert one_line(results["target"]) == "vrt serve: 'tests.deploy_agent' has no attribute 'nope'"
+    busy_line = f"vrt serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert one_line(results["busy"]) == busy_line
+
+
+def log_lines(path: Path, level: str) -> list[str]:
+    """The lines of a log at ``level``, from the level on."""
+    marker = f" {level} "
+    return [line.split(marker, 1)[1] for line in path.read_text().splitlines() if marker in line]
+
+
+async def healthz(port: int) -> bytes:
+    """The status line of ``GET /healthz`` on ``port`` (within 5 s)."""
+    with trio.fail_after(5):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"GET /healthz HTTP/1.1\r\nhost: vrt\r\n\r\n")
+            answer = b""
+            while b"\r\n" not in answer:
+                chunk = await stream.receive_some(1024)
+                assert chunk, answer
+                answer += chunk
+            return answer.split(b"\r\n")[0]
+
+
+async def test_a_crashed_worker_is_started_again_until_it_keeps_crashing(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``vrt serve --workers 2``, one deployment: the port is the parent's alone (another
+    deployment on it, with or without ``--workers``, fails at once, where ``SO_REUSEPORT``
+    let a second one join and split the clients); a worker killed with SIGKILL is started
+    again (a WARNING that says how it died, an INFO once it is back; each line names its
+    node) while the port keeps answering; then a worker that cannot start any more is
+    started again after 0.5, 1 and 2 s, and at the fifth crash in a row the parent gives
+    up: one line, the other worker drains, exit 1, the port is free."""
+    crash = tmp_path / "crash"
+    monkeypatch.setenv("VRT_TEST_CRASH", str(crash))
+    port = free_port()
+    log = tmp_path / "crashing.log"
+    flags = ("--port", str(port), "--store", redis_url, "--workers", "2")
+    async with servers.vrt_serve(log, "tests.crash_agent:agent", *flags) as (parent, line):
+        assert f"ws://127.0.0.1:{port}/ (2 workers)" in line
+        first = worker_pids(parent.pid)
+        assert len(first) == 2  # both were ready before the banner
+        results: dict[str, subprocess.CompletedProcess[bytes]] = {}
+
+        async def run(name: str, *args: str) -> None:
+            results[name] = await run_vrt_serve("tests.deploy_agent:agent", *args)
+
+        answered: list[bytes] = []
+
+        async def keep_asking(done: trio.Event) -> None:
+            while not done.is_set():
+                answered.append(await healthz(port))
+                await trio.sleep(0.02)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "plain", "--port", str(port))
+            nursery.start_soon(run, "workers", *flags)
+            done = trio.Event()
+            nursery.start_soon(keep_asking, done)
+            killed = min(first)
+            os.kill(killed, signal.SIGKILL)
+            with trio.fail_after(30):
+                while "is ready again" not in log.read_text():  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            done.set()
+        busy_line = f"vrt serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+        assert one_line(results["plain"]) == busy_line
+        assert one_line(results["workers"]) == busy_line
+        assert len(answered) > 10 and set(answered) == {b"HTTP/1.1 200 "}, answered
+        host = socket.gethostname()
+        index = next(i for i in (0, 1) if f"{host}:{killed}:{i}" in log.read_text())
+        back = worker_pids(parent.pid) - first
+        assert len(back) == 1 and len(worker_pids(parent.pid)) == 2
+        warned = f"[{host}:{parent.pid}] vrt.server: worker {index} ({host}:{killed}:{index}) was "
+        assert any(
+            w.startswith(warned + "killed by SIGKILL after ") for w in log_lines(log, "WARNING")
+        )
+        ready = f"worker {index} ({host}:{min(back)}:{index}) is ready again"
+        assert f"[{host}:{parent.pid}] vrt.server: {ready}" in log_lines(log, "INFO")
+        serving = [e for e in log_lines(log, "INFO") if " vrt.server: serving on " in e]
+        assert len(serving) == 3, serving  # two, then the one started again
+        for entry in serving:  # each worker's lines name it
+            assert entry.startswith(f"[{entry.split(' as node ')[1]}] "), entry
+
+        crash.touch()  # from now on, a worker cannot start
+        os.kill(min(back), signal.SIGKILL)
+        with trio.fail_after(60):
+            await parent.wait()
+    assert parent.returncode == 1
+    text = log.read_text()
+    gave_up = (
+        f"vrt serve: worker {index} crashed 5 times in a row, giving up; the last time it "
+        "could not start: the crash agent was told to crash"
+    )
+    assert text.splitlines().count(gave_up) == 1, text
+    again = [w for w in log_lines(log, "WARNING") if ": starting it again in " in w]
+    assert [w.rsplit(" in ", 1)[1] for w in again] == ["0.25 s", "0.5 s", "1 s", "2 s"], again
+    cannot = f"vrt.server: worker {index} could not start: the crash agent was told to crash:"
+    assert sum(cannot in w for w in again) == 2, again
+    assert text.count(" vrt.server: drained") == 1  # the other worker drained
+    for pid in first | back:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with socket.socket() as again:  # nobody listens on the port any more
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as vrt serve does)
+        again.bind(("127.0.0.1", port))
+        again.listen()
 
 
 # -- three nodes behind HAProxy --------------------------------------------------------------

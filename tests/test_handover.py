@@ -12,6 +12,7 @@ are in tests/test_store.py and tests/test_deploy.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -215,6 +216,40 @@ async def test_a_drain_hands_every_session_over_and_the_server_returns() -> None
         assert not any(isinstance(e, vrt.Closed) for e in log_.events)
         vrt.testing.assert_stream_valid(log_.events)
     assert await store.node_address("n0") is None  # its lease ended with the drain
+
+
+async def test_a_node_above_its_share_hands_idle_sessions_over_until_even() -> None:
+    """Rebalancing: 20 sessions on a, none on b (a node just started, say), the balancer
+    now sending new connections to b: a's census finds it holds more than its share
+    (10 and a tenth, rounded up) and hands idle sessions over, a few a round, until it
+    holds 11; their clients resume on b, never closed, their next turns there."""
+    async with nodes(2) as ([a, b], store), via(a) as proxy:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(vrt.connect(f"ws://127.0.0.1:{proxy.port}/"))
+                for _ in range(20)
+            ]
+            logs = [Log(await stack.enter_async_context(c.subscribe())) for c in clients]
+            for client, log_ in zip(clients, logs, strict=True):
+                await client.send_text("hi")
+                await until(log_, ended)
+            move(proxy, b, cut=False)  # new connections go to b from now on
+            with trio.fail_after(10):
+                while True:
+                    counts = await store.census("probe", -1, 1.0)
+                    if counts.get("n0") == 11 and counts.get("n1") == 9:
+                        break
+                    await trio.sleep(0.2)
+            for client, log_ in zip(clients, logs, strict=True):
+                await client.send_text("still there?")
+                last = await until(log_, ended)
+                assert texts(log_.events, last.turn_id) == "seen 2 inputs, 0 interrupted"
+    moved = [log_ for log_ in logs if any(isinstance(e, vrt.Resumed) for e in log_.events)]
+    assert len(moved) == 9
+    for log_ in logs:
+        assert not any(isinstance(e, vrt.Closed) and e.reason != "client" for e in log_.events)
+        vrt.testing.assert_stream_valid(log_.events)
+    assert len(b.model.requests) == 9  # the moved sessions' second turns ran on b
 
 
 async def test_a_drain_interrupts_a_turn_still_open_at_its_timeout() -> None:

@@ -121,11 +121,13 @@ def test_design_table_states_and_events() -> None:
         # DESIGN.md: "Movement, a session's place in the cluster: owned, saving, handing
         # over, handed over, adopted (names yours)": owned is idle, busy or moving; a save
         # is an event of an owned session; adopted from a handover or, after a crash,
-        # recovering.
+        # recovering; let go unsaved at the end of a drain, abandoned.
         "Movement": (
-            "new adopted recovering idle busy moving handing_over handed_over taken_over closed",
-            "open adopt adopt_lost resume start rest save move hand_over let_go stay taken close",
-            "handed_over taken_over closed",
+            "new adopted recovering idle busy moving handing_over handed_over taken_over "
+            "abandoned closed",
+            "open adopt adopt_lost resume start rest save move hand_over let_go stay taken "
+            "abandon close",
+            "handed_over taken_over abandoned closed",
         ),
     }
     for table in _tables.TABLES:

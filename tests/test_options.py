@@ -6,9 +6,11 @@ each worker's command line under ``--workers``) are the declared ones."""
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +158,30 @@ def test_a_value_goes_through_its_check() -> None:
         trio.run(lambda: vrt.serve(AGENT, port=0, drain_timeout=-1))
 
 
+async def test_serve_on_sockets_it_is_given() -> None:
+    """``sockets=``: listening sockets someone else bound (``vrt serve --workers``: the
+    parent's); the server serves on them, not on ``host:port``, and refuses a socket that
+    does not listen."""
+    with socket.socket() as given:
+        given.bind(("127.0.0.1", 0))
+        given.listen()
+        port = given.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                functools.partial(vrt.serve, AGENT, "127.0.0.1", 1, sockets=[given])
+            )
+            assert server.port == port
+            async with vrt.connect(server.url) as client:
+                assert client.session_id
+            nursery.cancel_scope.cancel()
+    with socket.socket() as quiet:
+        quiet.bind(("127.0.0.1", 0))
+        with pytest.raises(ValueError, match="not a listening TCP socket"):
+            await vrt.serve(AGENT, sockets=[quiet])
+    with pytest.raises(ValueError, match="a list of listening sockets"):
+        await vrt.serve(AGENT, sockets=5)  # type: ignore[typeddict-item]
+
+
 # -- vrt serve's flags ----------------------------------------------------------------------------
 
 FLAGS_BEFORE = {
@@ -243,22 +269,24 @@ def test_vrt_serve_passes_every_option_to_vrt_serve(monkeypatch: pytest.MonkeyPa
     assert main(["serve", "tests.serve_agent:agent", "--port", "0", *argv]) == 0
     for name, value in values.items():
         assert seen[name] == value, name
-    assert seen["reuse_port"] is False and seen["ssl_context"] is None
+    assert "sockets" not in seen and seen["ssl_context"] is None and seen["parent"] is None
 
 
 def test_a_workers_command_line_carries_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
     """``vrt serve --workers N`` starts each worker with every option it was given (the
-    node's name gets the worker's index), and its own port and index; a secret in its
-    environment variable, never on its command line (which ``ps`` shows)."""
+    node's name gets the worker's index), the port, its index, the parent's listening
+    sockets and its link to the parent; a secret in its environment variable, never on its
+    command line (which ``ps`` shows)."""
     monkeypatch.delenv("VRT_CLUSTER_SECRET", raising=False)
     argv, values = _every_option_set()
     flags = ["--host", "0.0.0.0", "--log-level", "debug", "--workers", "3"]
     flags += ["--certfile", "cert.pem", "--keyfile", "key.pem"]
     args = _parser().parse_args(["serve", "tests.serve_agent:agent", *argv, *flags])
-    command = worker_command(args, 4567, 2)
+    command = worker_command(args, 4567, 2, [5, 6], 7)
     assert command[:4] == [sys.executable, "-m", "vrt", "serve"]
     worker = _parser().parse_args(command[3:])
     expected = {**vars(args), "port": 4567, "worker_index": 2, "workers": 1}
+    expected |= {"listen_fd": [5, 6], "supervisor_fd": 7}
     expected["node"] = f"{values['node']}:2"
     assert vars(worker) == expected
     for name, value in values.items():
@@ -270,8 +298,9 @@ def test_a_workers_command_line_carries_every_option(monkeypatch: pytest.MonkeyP
 
 def test_a_worker_keeps_the_defaults() -> None:
     args = _parser().parse_args(["serve", "m:a", "--workers", "2", "--store", "redis://h:1"])
-    command = worker_command(args, 80, 0)
+    command = worker_command(args, 80, 0, [3], 4)
     assert _parser().parse_args(command[3:]) == argparse.Namespace(
         **{**vars(args), "port": 80, "worker_index": 0, "workers": 1}
+        | {"listen_fd": [3], "supervisor_fd": 4}
     )
     assert "--node" not in command  # host:pid:0, the worker's own

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ import trustme
 
 import vrt
 from tests import servers
+from tests.test_deploy import worker_pids
 from tests.test_hostile import closed_by_server
 from vrt.testing import LoopbackProxy
 
@@ -227,7 +229,9 @@ async def test_vrt_serve_certfile_keyfile(tmp_path: Path, pem: tuple[str, str]) 
 
 
 async def test_vrt_serve_workers_with_tls(tmp_path: Path, pem: tuple[str, str]) -> None:
-    """``--workers 2``: each worker serves TLS on the shared port."""
+    """``--workers 2``: each worker serves TLS on the shared port. Then the parent is
+    killed: its workers drain and exit, and nobody listens on the port any more (no
+    orphan keeps it)."""
     certfile, keyfile = pem
     port = servers.free_port()
     with servers.redis_server() as store:
@@ -236,14 +240,33 @@ async def test_vrt_serve_workers_with_tls(tmp_path: Path, pem: tuple[str, str]) 
         async with servers.vrt_serve(
             tmp_path / "workers.log", "tests.serve_agent:agent", *flags
         ) as (
-            _,
+            parent,
             line,
         ):
             assert f"wss://{HOST}:{port}/ (2 workers)" in line, line
-            for _ in range(4):  # the kernel spreads them: most likely both workers answer
+            for _ in range(4):  # whichever worker accepts first: most likely both answer
                 async with vrt.connect(f"wss://{HOST}:{port}/", ssl_context=client_context()) as c:
                     async with c.subscribe() as events:
                         assert (await turn(c, events, "ping?")).reason == "finished"
+            workers = worker_pids(parent.pid)
+            assert len(workers) == 2
+            parent.kill()
+            with trio.fail_after(10):
+                while any(map(alive, workers)):  # noqa: ASYNC110 - other processes
+                    await trio.sleep(0.05)
+            with socket.socket() as again:
+                again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vrt serve
+                again.bind((HOST, port))
+                again.listen()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from vrt._core import fastcheck
 from vrt._core.fastcheck import compile_schema
 from vrt._core.results import ToolResult
 from vrt._core.tables import Table
-from vrt._net.web import WEB_FILES
+from vrt._net.web import WEB_FILES, respond
 from vrt._wire import codec
 from vrt._wire import messages as m
 from vrt._wire.client import ClientProtocol
@@ -177,6 +177,26 @@ async def test_the_front_serves_the_web_files_and_nothing_else(vrt_serve: Any) -
         status, headers, body = await http(server, get(path))
         assert status == 200 and body == (webtables.WEB / name).read_bytes(), path
         assert headers["content-type"] == kind
+
+
+@pytest.mark.parametrize(
+    ("draining", "unreachable", "expected"),
+    [
+        (False, False, (200, b"ok\n")),
+        (True, False, (503, b"draining\n")),
+        (False, True, (503, b"store unreachable\n")),
+        (True, True, (503, b"draining\n")),  # leaving matters more than why
+    ],
+)
+def test_healthz_tells_the_balancer_to_send_nobody_new(
+    draining: bool, unreachable: bool, expected: tuple[int, bytes]
+) -> None:
+    """``GET /healthz``: 503 while the node drains, and while its store does not answer
+    (it could not save a new session, nor hand one over): a load balancer's health check
+    takes it out until it says ``ok`` again."""
+    response = respond(b"GET", "/healthz", {}, draining=draining, store_unreachable=unreachable)
+    assert (response.status, response.body) == expected
+    assert (b"cache-control", b"no-store") in response.headers
 
 
 def test_every_module_vrt_js_imports_is_served() -> None:

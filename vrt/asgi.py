@@ -72,7 +72,7 @@ def app(agent: Agent, *, store: None = None, **options: Unpack[AppOptions]) -> A
     or, when that is a proxy named in ``trusted_proxies``, by the client its
     ``X-Forwarded-For`` names.
 
-    Not taken (TypeError, as for any unknown option): ``host``, ``port`` and ``reuse_port``
+    Not taken (TypeError, as for any unknown option): ``host``, ``port`` and ``sockets``
     (the ASGI server listens), ``max_pending_connections`` and ``max_pending_per_peer`` (it
     accepts TCP and reads the upgrade), ``ssl_context`` (it serves TLS), ``relay_host``,
     ``node``, ``cluster_secret`` and ``drain_timeout``. ``store`` (sessions across

@@ -23,6 +23,7 @@ from vrt._cli import demo_agent
 from vrt._cli.demo import FAST, run_demo
 from vrt._cli.flags import add_flags, option_values, reading
 from vrt._cli.telemetry import install_prometheus
+from vrt._cli.workers import Parent, supervise
 from vrt._cluster.node import default_name
 from vrt._engine.groups import single_unwrapped
 from vrt._net.options import read_count
@@ -129,10 +130,14 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=reading(read_count),
         default=1,
-        help="processes on one port (SO_REUSEPORT); more than 1 needs --store "
-        "(default: %(default)s)",
+        help="processes on one port (the parent's socket, theirs alone); more than 1 needs "
+        "--store (default: %(default)s)",
     )
+    # A worker's own (vrt._cli.workers): its index, its link to the parent, the parent's
+    # listening sockets.
     serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--supervisor-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--listen-fd", type=int, action="append", help=argparse.SUPPRESS)
     serve.set_defaults(handler=_serve)
 
     diagrams = commands.add_parser(
@@ -274,40 +279,58 @@ def _serve(args: argparse.Namespace) -> int:
     if isinstance(ssl_context, str):
         print(f"vrt serve: {ssl_context}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # With a store, every line names its node: this process, or the worker it comes from.
+    node = (args.node or default_name(args.worker_index)) if args.store else None
+    logging.basicConfig(level=args.log_level.upper(), format=_log_format(node), stream=sys.stderr)
     if args.target is None:
         if not args.web_demo:
             print("vrt serve: MODULE:AGENT is missing (only --web has a default)", file=sys.stderr)
             return 2
         args.target = DEMO_AGENT
     if args.workers > 1 and args.worker_index is None:
-        from vrt._cli.workers import supervise
-
         return supervise(args)
-    agent = load_agent(args.target)
+    parent = None
+    if args.supervisor_fd is not None:  # a worker of vrt serve --workers
+        parent = Parent(args.supervisor_fd, args.listen_fd or [])
+    try:
+        agent = load_agent(args.target)
+    except SystemExit as exc:  # its one line, as the worker's parent prints it too
+        return _failed(str(exc.code), parent)
     if args.metrics:
         missing = install_prometheus()
         if missing is not None:
-            print(f"vrt serve: --metrics: {missing}", file=sys.stderr)
-            return 2
+            return _failed(f"vrt serve: --metrics: {missing}", parent)
     options = option_values(args)
-    if args.store:
-        options["node"] = args.node or default_name(args.worker_index)
-        options["reuse_port"] = args.worker_index is not None
+    if node is not None:
+        options["node"] = node
+    if parent is not None:
+        options["sockets"] = parent.sockets
     return _serve_until_interrupted(
-        agent, args.host, args.port, args.target, ssl_context=ssl_context, **options
+        agent, args.host, args.port, args.target, ssl_context=ssl_context, parent=parent, **options
     )
 
 
+def _log_format(node: str | None) -> str:
+    where = "" if node is None else f" [{node.replace('%', '%%')}]"
+    return f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s"
+
+
+def _failed(line: str, parent: Parent | None) -> int:
+    """Say why ``vrt serve`` stops, in one line: on stderr, or to a worker's parent (which
+    prints it, or logs it); exit status 2."""
+    if parent is None:
+        print(line, file=sys.stderr)
+    else:
+        parent.failed(line)
+    return 2
+
+
 def _serve_until_interrupted(
-    agent: vrt.Agent, host: str, port: int, label: str, **options: Any
+    agent: vrt.Agent, host: str, port: int, label: str, parent: Parent | None = None, **options: Any
 ) -> int:
-    """``vrt.serve`` until SIGINT/SIGTERM; prints the URL; exit status 2 for a bad port or
-    option. With a store, the first SIGTERM drains (exit 0 once every session moved)."""
+    """``vrt.serve`` until SIGINT/SIGTERM; prints the URL (a worker tells its ``parent``
+    instead); exit status 2 for a bad port or option. With a store, the first SIGTERM
+    drains (exit 0 once every session moved), as does a worker whose parent is gone."""
     args = argparse.Namespace(host=host, port=port, target=label)
     drained = False
 
@@ -325,21 +348,32 @@ def _serve_until_interrupted(
                     done.set()  # drained
 
                 server = await nursery.start(serve)
-                print(f"vrt serve: {args.target} on {server.url}", flush=True)
-                page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
-                if options.get("web_demo"):
-                    print(f"vrt serve: the demo page is {page}", flush=True)
-                    if label in (DEMO_LABEL, DEMO_AGENT):  # the page's story needs its agent
-                        print(f"vrt serve: {page}?autorun plays the demo by itself", flush=True)
-                if options.get("metrics"):
-                    print(f"vrt serve: metrics at {page}metrics", flush=True)
                 log = logging.getLogger("vrt.server")
+
+                def drain(why: str) -> None:
+                    nonlocal drained
+                    drained = True
+                    log.info("%s: draining (a second SIGTERM stops at once)", why)
+                    server.drain()
+                    nursery.start_soon(_stop_when, done, nursery.cancel_scope)
+
+                async def orphaned(parent: Parent) -> None:
+                    # A worker whose parent is gone (killed) must not keep the port, nor
+                    # sessions that nobody will restart it for.
+                    await parent.gone()
+                    if server.node is None:
+                        nursery.cancel_scope.cancel()
+                    elif not drained:
+                        drain("the parent process is gone")
+
+                if parent is not None:  # the parent prints the banner once all are ready
+                    parent.ready(server.node)
+                    nursery.start_soon(orphaned, parent)
+                else:
+                    _banner(server, args.target, label, options)
                 async for signum in signals:
                     if signum == signal.SIGTERM and server.node is not None and not drained:
-                        drained = True
-                        log.info("SIGTERM: draining (a second one stops at once)")
-                        server.drain()
-                        nursery.start_soon(_stop_when, done, nursery.cancel_scope)
+                        drain("SIGTERM")
                         continue
                     log.info("shutting down")
                     drained = False
@@ -353,15 +387,23 @@ def _serve_until_interrupted(
             trio.run(run)
     except OSError as exc:  # a busy port, an address that is not this machine's
         where = f"{args.host}:{args.port}"
-        print(f"vrt serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _failed(f"vrt serve: cannot listen on {where}: {exc.strerror or exc}", parent)
     except ValueError as exc:  # an option vrt.serve refuses
-        print(f"vrt serve: {exc}", file=sys.stderr)
-        return 2
+        return _failed(f"vrt serve: {exc}", parent)
     except vrt.VrtError as exc:  # the store does not answer
-        print(f"vrt serve: {exc}", file=sys.stderr)
-        return 2
+        return _failed(f"vrt serve: {exc}", parent)
     return 0
+
+
+def _banner(server: vrt.Server, target: str, label: str, options: dict[str, Any]) -> None:
+    print(f"vrt serve: {target} on {server.url}", flush=True)
+    page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
+    if options.get("web_demo"):
+        print(f"vrt serve: the demo page is {page}", flush=True)
+        if label in (DEMO_LABEL, DEMO_AGENT):  # the page's story needs its agent
+            print(f"vrt serve: {page}?autorun plays the demo by itself", flush=True)
+    if options.get("metrics"):
+        print(f"vrt serve: metrics at {page}metrics", flush=True)
 
 
 async def _stop_when(done: trio.Event, scope: trio.CancelScope) -> None:

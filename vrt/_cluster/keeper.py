@@ -11,6 +11,14 @@ which the actor and the keeper drive through its compiled table; the keeper reac
 session only through the narrow :class:`Host` interface, so this room never imports the
 server.
 
+A store that forgot the session (restarted without persistence, flushed, a key evicted,
+a failover to a replica that lagged) refuses a save that sends only what it lacks
+(:class:`~vrt._cluster.store.StoreForgot`): the keeper writes the whole session at once
+instead, and counts from there. Its node tells it the same when a heartbeat or a touch
+finds the store forgot (:meth:`Keeper.resave`): the last boundary written is written again,
+whole. A save the store failed (an outage) is written again once the store answers, unless
+a newer boundary replaced it; the node logs the outage once, not each save.
+
 The other half is adoption: :func:`adopted_protocol` is the protocol state of a session a
 node takes over from the store for its client's resume, and :func:`settle_lost_turn` ends
 the turn a crashed node was running when it died.
@@ -25,7 +33,7 @@ import trio
 
 from vrt._cluster.node import Adopt
 from vrt._cluster.record import State, TooLarge, encode_item, encode_state, limit_bytes
-from vrt._cluster.store import StoreError
+from vrt._cluster.store import StoreError, StoreForgot
 from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
 from vrt._wire import codec
@@ -45,6 +53,10 @@ HELD_FRAMES = 1000
 most about a hundred a second; a save takes milliseconds)."""
 FORGET_TIMEOUT = 2.0
 """Seconds a closed session's record has to be deleted (it expires anyway)."""
+RETRY_FIRST = 0.5
+"""Seconds after a failed save before it is tried again (then twice as long each time it
+fails again, up to :data:`RETRY_MAX`), once the store answers (its node's heartbeat)."""
+RETRY_MAX = 30.0
 
 
 class Host(Protocol):
@@ -95,8 +107,13 @@ class Keeper:
         """The number of the history item after the last one the store holds."""
         if restored is not None:
             self._stored = restored.history_offset + len(restored.history)
+        self._adopted = restored is not None
+        self._forgotten = False
+        """The store forgot the session: the next write sends all of it."""
         self._unsaved: _Unsaved | None = None
         """The newest boundary's save, not yet written (older ones are superseded)."""
+        self._last: _Unsaved | None = None
+        """The last boundary written (what :meth:`resave` writes again)."""
         self._wanted = trio.Event()
         self._lock = trio.Lock()
         """Saves, and a handover's last one, are written one at a time, in order."""
@@ -136,29 +153,74 @@ class Keeper:
         elif self.movement.can("hand_over") and self._nursery is not None:
             self._nursery.start_soon(self.hand_over)
 
+    def hand_over_idle(self) -> bool:
+        """Rebalancing asks (its node holds more than its share): hand the session over
+        now if it is between turns here; whether it will."""
+        if not (self.host.in_session and self.movement.can("hand_over")) or not self._nursery:
+            return False
+        self._nursery.start_soon(self.hand_over)
+        return True
+
+    def resave(self, everything: bool = True) -> bool:
+        """The store forgot this session (its node found out: a heartbeat found the lease
+        gone, ``everything``; or a touch a key of the record): write the last boundary
+        written again, whole, now (or the newer one waiting), by the saver task. True if
+        it will; False if it is not live, or (not ``everything``) its history is empty,
+        which in Redis is no key at all, and nothing is missing."""
+        if not self.host.in_session:
+            return False
+        last = self._last
+        if not everything and last is not None and not len(last.history):
+            return False
+        self._forgotten = True
+        if self._unsaved is None and last is None and self.movement.state == "idle":
+            self.boundary(None)  # adopted, and no boundary since: between turns now
+        self._wanted.set()
+        return True
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The keeper's task, in the session's nursery until the session ends there: the
         saver, which writes each boundary's state to the store, and a handover asked for
         between turns (:meth:`move`)."""
+        if self._adopted:  # its record is in the store, this node's
+            self._kept()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             await self._saver()
 
     async def _saver(self) -> None:
+        delay = RETRY_FIRST
         while True:
             await self._wanted.wait()
             self._wanted = trio.Event()
+            failed = False
             async with self._lock:
                 unsaved, self._unsaved = self._unsaved, None
+                if unsaved is None and self._forgotten:
+                    unsaved = self._last  # resave(): the last boundary, whole
                 if unsaved is None or not self.movement.can("save"):
                     continue
                 self.movement.send("save")
                 try:
                     kept = await self._write(unsaved, self.node.name)
                 except StoreError as exc:
-                    log.warning("session %s: not saved: %s", self.host.session_id, exc)
-                    continue
+                    self.node.store_failed(exc)
+                    log.debug("session %s: not saved: %s", self.host.session_id, exc)
+                    if self._unsaved is None:  # (a newer boundary replaces it)
+                        self._unsaved = unsaved
+                    failed = True
+            if failed:
+                # Again once the store answers (the node's heartbeat says so), no sooner
+                # than the delay: an outage costs one failed save per session, not one
+                # per boundary, and a save the store refuses alone is not tried in a loop.
+                await trio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                await self.node.answering.wait()
+                self._wanted.set()
+                continue
+            delay = RETRY_FIRST
+            self.node.store_answered()
             if not kept:
                 self._taken()
                 continue
@@ -178,7 +240,7 @@ class Keeper:
         at the end of a turn while ``moving``): save it for another node and let it go
         here: its connection is closed with 1012 (the client resumes elsewhere), no
         ``closed``. False if the store failed: the session stays here (``stay``), and
-        reads the frames it held meanwhile."""
+        reads the frames it held meanwhile (a drain tries again)."""
         self._held = []
         async with self._lock:  # after a save being written, if one is
             if self.movement.state != "handing_over":
@@ -190,7 +252,13 @@ class Keeper:
                 try:
                     kept = await self._write(unsaved, "")
                 except StoreError as exc:
-                    log.warning("session %s: cannot hand over: %s", self.host.session_id, exc)
+                    self.node.store_failed(exc)  # (the node logs an outage once)
+                    log.debug("session %s: cannot hand over: %s", self.host.session_id, exc)
+                    if self._unsaved is None:  # saved here (owned) once the store answers
+                        self._unsaved = unsaved
+                        self._wanted.set()
+                else:
+                    self.node.store_answered()
             held, self._held = self._held, []
         if self.movement.state != "handing_over":
             return False  # closed meanwhile (the server stops): nothing to let go
@@ -202,6 +270,23 @@ class Keeper:
             self._taken()
             return True
         self.movement.send("let_go")
+        self.host.let_go()
+        return True
+
+    def abandon(self) -> bool:
+        """A drain is over and the session is still here: its handover could not be
+        written (the store fails) or its turn would not end. Let it go unsaved (Movement
+        ``abandon``), its connection closed with 1012 and no ``closed``, its record left
+        as it is: its client resumes at another node, which adopts it from its last saved
+        boundary once this node's lease runs out, as after a crash; the client replays
+        what it sent since (acked only once saved). False if it is not owned here now, or
+        has nothing in the store (never saved: it cannot go on elsewhere, and closes
+        here)."""
+        if not (self.host.in_session and self.movement.can("abandon")):
+            return False
+        if self._last is None and not self._adopted:
+            return False
+        self.movement.send("abandon")
         self.host.let_go()
         return True
 
@@ -245,13 +330,37 @@ class Keeper:
 
     async def _write(self, unsaved: _Unsaved, owner: str) -> bool:
         """Write ``unsaved`` (under the lock): its state, and of its history what the
-        store lacks (the front it dropped since, the items it added). False if another
-        node owns the session now; :class:`StoreError` if the store failed (then the next
-        save writes what this one would have: the store skips the items it has, so a
-        save that timed out but was written does no harm)."""
+        store lacks (the front it dropped since, the items it added), or all of it if the
+        store forgot the session (:class:`StoreForgot`: at once, in the same call). False
+        if another node owns the session now; :class:`StoreError` if the store failed
+        (then the next save writes what this one would have: the store skips the items it
+        has, so a save that timed out but was written does no harm)."""
+        whole, self._forgotten = self._forgotten, False
+        try:
+            try:
+                kept = await self._save(unsaved, owner, whole=whole)
+            except StoreForgot as exc:
+                log.info(
+                    "session %s: the store forgot it (%s): saved again, whole",
+                    self.host.session_id,
+                    exc,
+                )
+                whole = True
+                kept = await self._save(unsaved, owner, whole=True)
+        except BaseException:
+            self._forgotten = self._forgotten or whole
+            raise
+        if kept:
+            self._stored = unsaved.history_offset + len(unsaved.history)
+            self._last = unsaved
+            if owner:
+                self._kept()
+        return kept
+
+    async def _save(self, unsaved: _Unsaved, owner: str, *, whole: bool) -> bool:
         offset, history = unsaved.history_offset, unsaved.history
-        first = max(self._stored, offset)
-        kept = await self.node.store.save(
+        first = offset if whole else max(self._stored, offset)
+        return await self.node.store.save(
             self.host.session_id,
             self.node.name,
             owner,
@@ -261,9 +370,15 @@ class Keeper:
             first=first,
             items=[encode_item(item) for item in history[first - offset :]],
         )
-        if kept:
-            self._stored = offset + len(history)
-        return kept
+
+    def _kept(self) -> None:
+        """The store holds this session, owned by this node: its node keeps the record
+        from expiring (a touch every half window), and tells :meth:`resave` if it finds
+        the store forgot it."""
+        session_id = self.host.session_id
+        self.node.sessions.add(session_id)
+        self.node.resavers[session_id] = self.resave
+        self.node.movers[session_id] = self.hand_over_idle
 
 
 class _Unsaved:

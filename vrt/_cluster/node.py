@@ -7,13 +7,29 @@ here: :meth:`Node.locate` reads the session's record and says where it is. Hande
 (nobody owns it): adopt it here. Owned by a live node: relay the connection there. Owned
 by a node whose lease ran out (it crashed): adopt it here from its last saved boundary.
 Every change of owner is the store's compare-and-set, so two nodes never both adopt one.
+
+The node is also where the store's health is known once for all its sessions: every store
+call that fails or answers says so (:meth:`Node.store_failed`, :meth:`Node.store_answered`),
+one WARNING marks when the store starts to fail and one when it answers again, and
+``GET /healthz`` says ``503 store unreachable`` meanwhile. A heartbeat that finds the
+node's own lease gone means the store forgot (restarted without persistence, flushed,
+failed over, or an outage outlasted the lease): every session here is saved again, whole.
+
+Nodes share the sessions out among themselves (:meth:`Node.rebalance`): each counts its
+sessions in the store's census every few seconds, and one that holds more than its share
+(the live nodes' sessions over the live nodes, with a margin) hands idle sessions over, a
+few at a time; their clients reconnect through the load balancer, which sends each where
+it sends it, so the spread evens out over a few rounds (a worker restarted empty, a node
+added behind the balancer).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -26,6 +42,10 @@ from vrt._wire import messages as m
 
 log = logging.getLogger("vrt.server")
 
+Resave = Callable[[bool], bool]
+"""A keeper's ``resave(everything)``: the store forgot its session (``everything``: the
+whole store) or some of it; True if it saves it again."""
+
 LEASE = 5.0
 """Seconds a node's lease lasts without a heartbeat: how long after a crash its sessions
 can be adopted elsewhere."""
@@ -33,6 +53,18 @@ HEARTBEAT = 1.0
 """Seconds between two heartbeats."""
 LOCATE_TIMEOUT = LEASE + 3.0
 """Seconds a resume may wait for a dead owner's lease to run out."""
+REBALANCE_EVERY = 2.0
+"""Seconds between two rounds of rebalancing (a census each)."""
+REBALANCE_MARGIN = 0.1
+"""A node holds at most its share and this much more (and one session) before it hands
+sessions over."""
+REBALANCE_MOVES = 10
+"""Idle sessions a node hands over in one round, at most: a worker restarted empty fills
+at about 5 sessions a second from each node above its share."""
+
+Mover = Callable[[], bool]
+"""A keeper's ``hand_over_idle``: hand the session over now if it is between turns;
+whether it will."""
 
 
 @attrs.frozen
@@ -67,12 +99,12 @@ class Node:
         name: str,
         *,
         resume_window: float,
-        lease: float = LEASE,
+        lease: float | None = None,
         trust: Trust | None = None,
     ) -> None:
         self.store = store
         self.name = name
-        self.lease = lease
+        self.lease = LEASE if lease is None else lease
         self.trust = trust or Trust()
         """This node's relay key: the proofs it makes and checks (:mod:`.trust`)."""
         self.address = ""
@@ -86,6 +118,19 @@ class Node:
         """Sessions being adopted here now (a second resume of one waits for it)."""
         self.relayed: set[Any] = set()
         """Client connections this node relays to another (closed with 1012 by a drain)."""
+        self.movers: dict[str, Mover] = {}
+        """Each session saved here, its keeper's ``hand_over_idle`` (rebalancing)."""
+        self.resavers: dict[str, Resave] = {}
+        """Each session saved here, its keeper's ``resave``: the store forgot, save it
+        whole again."""
+        self.store_ok = True
+        """Whether the store answered this node's last call (``GET /healthz`` says ``503
+        store unreachable`` while it does not)."""
+        self.answering = trio.Event()
+        """Set while the store answers; a new one, unset, from its first failure on (what
+        a save that failed waits for before it tries again)."""
+        self.answering.set()
+        self._failing_since = 0.0
         self._stopped = False
 
     @property
@@ -98,37 +143,123 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Heartbeat and keep this node's sessions alive in the store until cancelled or
         :meth:`stop`; the first heartbeat is done before ``started`` (a store that does not
-        answer fails the server's start: :class:`StoreError`)."""
+        answer fails the server's start: :class:`StoreError`). A heartbeat that finds the
+        lease gone has every session saved again, whole (the store forgot)."""
         await self.store.heartbeat(self.name, self.address, self.lease)
         task_status.started()
         touch_every = max(1.0, self.resume_window / 2)
         next_touch = trio.current_time() + touch_every
-        warned = False
+        next_census = trio.current_time() + REBALANCE_EVERY
         while not self._stopped:
             await trio.sleep(HEARTBEAT)
             if self._stopped:
                 break
+            gone: set[str] = set()
             try:
-                await self.store.heartbeat(self.name, self.address, self.lease)
+                had = await self.store.heartbeat(self.name, self.address, self.lease)
                 if trio.current_time() >= next_touch:
                     next_touch = trio.current_time() + touch_every
-                    await self.store.touch(list(self.sessions), self.record_ttl)
-                if warned:
-                    log.warning("node %s: the store answers again", self.name)
-                    warned = False
+                    gone = await self.store.touch(list(self.sessions), self.record_ttl)
             except StoreError as exc:
-                if not warned:
-                    log.warning(
-                        "node %s: the store failed (%s): other nodes will adopt this "
-                        "node's sessions once its lease of %g s runs out",
-                        self.name,
-                        exc,
-                        self.lease,
-                    )
-                    warned = True
+                self.store_failed(exc)
+                continue
+            self.store_answered()
+            if self._stopped:
+                break
+            if not had:
+                self._forgot(self.resavers, everything=True)
+            elif gone:
+                self._forgot({s: f for s, f in self.resavers.items() if s in gone})
+            if trio.current_time() >= next_census:
+                next_census = trio.current_time() + REBALANCE_EVERY
+                try:
+                    await self.rebalance()
+                except StoreError as exc:
+                    self.store_failed(exc)
+
+    async def rebalance(self) -> int:
+        """One round of sharing out (see the module): count this node's sessions in the
+        store's census and, above its share, hand some idle ones over (at most
+        REBALANCE_MOVES). How many it hands over. A draining node counts itself out."""
+        mine = len(self.sessions)
+        counts = await self.store.census(
+            self.name, -1 if self.draining else mine, REBALANCE_EVERY * 3
+        )
+        if self.draining or len(counts) < 2:
+            return 0
+        total = sum(counts.values())
+        share = math.ceil(total / len(counts) * (1 + REBALANCE_MARGIN))
+        surplus = min(mine - share, REBALANCE_MOVES)
+        moved = 0
+        for mover in list(self.movers.values()):
+            if moved >= surplus:
+                break
+            moved += mover()
+        if moved:
+            log.info(
+                "node %s: %d of the %d sessions of %d nodes (share %d): handing %d over",
+                self.name,
+                mine,
+                total,
+                len(counts),
+                share,
+                moved,
+            )
+        return moved
+
+    def _forgot(self, resavers: dict[str, Resave], *, everything: bool = False) -> None:
+        """The store forgot: this node's lease (``everything``: restarted without
+        persistence, flushed, failed over, or out of reach for longer than the lease), or
+        a key of the records ``resavers`` are for (expired or evicted; a missing history
+        list may also be an empty one, which Redis does not keep: each keeper knows).
+        Those sessions are saved again, whole; another node that adopted one meanwhile
+        keeps it (that save is refused, and the session is let go here)."""
+        count = sum(resave(everything) for resave in list(resavers.values()))
+        if count:
+            log.warning(
+                "node %s: the store %s: saving %d sessions again, whole",
+                self.name,
+                "had lost this node's lease (restarted without persistence, flushed, failed "
+                "over, or out of reach for longer than the lease)"
+                if everything
+                else "had lost some sessions' records (expired or evicted)",
+                count,
+            )
+
+    def store_failed(self, exc: StoreError) -> None:
+        """A store call failed (``exc``): the first since the store last answered logs the
+        one WARNING of the outage, and ``GET /healthz`` says 503 until it answers again."""
+        if not self.store_ok:
+            log.debug("node %s: the store failed again: %s", self.name, exc)
+            return
+        self.store_ok = False
+        self.answering = trio.Event()
+        self._failing_since = trio.current_time()
+        log.warning(
+            "node %s: the store fails (%s): sessions are not saved until it answers, "
+            "GET /healthz says 503 store unreachable; other nodes may adopt this node's "
+            "sessions once its lease of %g s runs out",
+            self.name,
+            exc,
+            self.lease,
+        )
+
+    def store_answered(self) -> None:
+        """A store call succeeded: after a failure, the one line that says it is over, and
+        the saves that waited for it go now."""
+        if self.store_ok:
+            return
+        self.store_ok = True
+        self.answering.set()
+        log.warning(
+            "node %s: the store answers again (after %.1f s): saving again",
+            self.name,
+            trio.current_time() - self._failing_since,
+        )
 
     async def stop(self) -> None:
-        """The node is done (drained): its lease ends now, so nobody waits for it."""
+        """The node is done (drained): its lease ends now, so nobody waits for it (bounded
+        by the store's timeout; a lease the store did not end runs out by itself)."""
         self._stopped = True
         try:
             await self.store.forget_node(self.name)
@@ -188,6 +319,8 @@ class Node:
     def forget(self, session_id: str) -> None:
         """The session left this node (closed for good, or handed over)."""
         self.sessions.discard(session_id)
+        self.resavers.pop(session_id, None)
+        self.movers.pop(session_id, None)
 
 
 def default_name(worker: int | None = None) -> str:

@@ -18,6 +18,12 @@ for one process and for tests on Trio's clock. Both hold two kinds of record:
 
 Every call has a deadline (``timeout``); a store that does not answer in time raises
 :class:`StoreError`, as any error of the store does, and the caller decides.
+
+A store may also forget: Redis restarted without persistence, flushed, a key evicted under
+``maxmemory``, a failover to a replica that lagged. A save that finds less of the session
+than the node wrote raises :class:`StoreForgot`, and the node saves the whole session
+again at once; a heartbeat says whether the node's own lease was still there, which is how
+a node learns, within a second, that the store forgot everything.
 """
 
 from __future__ import annotations
@@ -32,13 +38,19 @@ import trio
 from vrt._errors import VrtError
 
 KEY_PREFIX = "vrt:"
-"""Every key the store writes starts with this (``vrt:session:ID``, ``vrt:node:NAME``)."""
+"""Every key the store writes starts with this (``vrt:{ID}:session``, ``vrt:node:NAME``)."""
 TIMEOUT = 2.0
 """Seconds a store call may take before it fails (:class:`StoreError`)."""
 
 
 class StoreError(VrtError):
     """The store failed, or did not answer within its timeout."""
+
+
+class StoreForgot(StoreError):
+    """A save found less of the session in the store than the node wrote there (history
+    items missing before the first one it sends): the store forgot it, wholly or in part.
+    Nothing was written; the node saves the whole session again."""
 
 
 @attrs.frozen(kw_only=True)
@@ -56,8 +68,10 @@ class Saved:
 class Store(Protocol):
     """What the server needs of a shared store (see the module's docstring)."""
 
-    async def heartbeat(self, node: str, address: str, ttl: float) -> None:
-        """Say ``node`` is alive, reachable for relays at ``address``, for ``ttl`` seconds."""
+    async def heartbeat(self, node: str, address: str, ttl: float) -> bool:
+        """Say ``node`` is alive, reachable for relays at ``address``, for ``ttl`` seconds;
+        whether its lease was still there (False at a node's first heartbeat, or once the
+        store forgot it: expired, flushed, restarted)."""
 
     async def node_address(self, node: str) -> str | None:
         """The relay address of ``node`` while it is alive; None once its lease ran out."""
@@ -82,7 +96,15 @@ class Store(Protocol):
         node took it. With them, the history: its items are numbered from the start of the
         conversation; those before ``front`` are dropped, and of ``items`` (numbered from
         ``first``) those the store lacks are appended. Writing the same save twice (a
-        timeout that hid a success) changes nothing the second time."""
+        timeout that hid a success) changes nothing the second time. :class:`StoreForgot`
+        (nothing written) if the store holds fewer items than ``first`` needs: it forgot
+        some (or the whole record); a save with ``first == front`` and every item never
+        raises it."""
+
+    async def census(self, node: str, sessions: int, ttl: float) -> dict[str, int]:
+        """Count ``sessions`` for ``node`` for ``ttl`` seconds (-1: it is draining, no
+        place for sessions to go), and return every live node's count but the draining
+        ones', this one's included: what rebalancing shares out."""
 
     async def load(self, session_id: str) -> Saved | None:
         """The session's record, or None (never saved, deleted or expired)."""
@@ -94,8 +116,11 @@ class Store(Protocol):
     async def delete(self, session_id: str, node: str) -> None:
         """Delete the session's record if ``node`` owns it (the session closed for good)."""
 
-    async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
-        """Keep these sessions' records ``ttl`` seconds more (a node's live sessions)."""
+    async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
+        """Keep these sessions' records ``ttl`` seconds more (a node's live sessions); the
+        ids of those the store no longer has whole (it forgot them, or part of them:
+        expired, evicted, flushed; on Redis an empty history, which is no key, looks the
+        same: the caller knows whether it has one)."""
 
     async def aclose(self) -> None:
         """Close the connection to the store."""
@@ -103,8 +128,9 @@ class Store(Protocol):
 
 def open_store(url: str, *, timeout: float = TIMEOUT) -> Store:
     """The store a ``--store`` URL names: ``redis://HOST:PORT[/DB]``, ``valkey://...``
-    (valkey-glide; connected by ``RedisStore.connect``), or ``memory://`` (this
-    process only). ValueError for anything else."""
+    (valkey-glide, the ``trio-vrt[redis]`` extra; connected by ``RedisStore.connect``), or
+    ``memory://`` (this process only). ValueError for anything else; :class:`StoreError`
+    naming the extra to install if valkey-glide is not there."""
     parts = urlsplit(url)
     if parts.scheme == "memory":
         return MemoryStore()
@@ -135,8 +161,20 @@ def open_store(url: str, *, timeout: float = TIMEOUT) -> Store:
 
 
 def session_key(session_id: str) -> str:
-    """A session's record's key."""
-    return f"{KEY_PREFIX}session:{session_id}"
+    """A session's record's key: ``vrt:{ID}:session``. The braces are a hash tag: in a
+    Redis or Valkey Cluster a session's keys (this one and :func:`history_key`) are on
+    one slot, so the one script that changes both runs on one shard."""
+    return f"{KEY_PREFIX}{{{session_id}}}:session"
+
+
+def history_key(session_id: str) -> str:
+    """A session's history's key: ``vrt:{ID}:history``, on its record's slot."""
+    return f"{KEY_PREFIX}{{{session_id}}}:history"
+
+
+def census_key() -> str:
+    """The nodes' session counts (one hash: one slot in a cluster)."""
+    return f"{KEY_PREFIX}census"
 
 
 def node_key(node: str) -> str:
@@ -155,6 +193,7 @@ class MemoryStore:
         self._sessions: dict[str, tuple[Saved, float]] = {}
         """Each session's record and when it expires (its history a tuple in the record)."""
         self._nodes: dict[str, tuple[str, float]] = {}
+        self._census: dict[str, tuple[int, float]] = {}
         self.saves = 0
         """How many saves were written (for tests)."""
 
@@ -167,9 +206,11 @@ class MemoryStore:
             return None
         return found[0]
 
-    async def heartbeat(self, node: str, address: str, ttl: float) -> None:
+    async def heartbeat(self, node: str, address: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint()
+        had = await self.node_address(node) is not None
         self._nodes[node] = (address, trio.current_time() + ttl)
+        return had
 
     async def node_address(self, node: str) -> str | None:
         await trio.lowlevel.checkpoint()
@@ -182,6 +223,15 @@ class MemoryStore:
     async def forget_node(self, node: str) -> None:
         await trio.lowlevel.checkpoint()
         self._nodes.pop(node, None)
+
+    async def census(self, node: str, sessions: int, ttl: float) -> dict[str, int]:
+        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        self._census[node] = (sessions, now + ttl)
+        for name, (_, until) in list(self._census.items()):
+            if until <= now:
+                del self._census[name]
+        return {name: count for name, (count, _) in self._census.items() if count >= 0}
 
     async def save(
         self,
@@ -205,7 +255,7 @@ class MemoryStore:
             history, at = history[front - at :], front
             end = max(end, front)
         if first > end:
-            raise StoreError(f"history items missing before {first}")
+            raise StoreForgot(f"history items missing before {first}")
         history += tuple(items[end - first :])
         saved = Saved(owner=owner, state=state, history=history, front=at)
         self._sessions[session_id] = (saved, trio.current_time() + ttl)
@@ -231,12 +281,22 @@ class MemoryStore:
         if current is not None and current.owner == node:
             del self._sessions[session_id]
 
-    async def touch(self, session_ids: Iterable[str], ttl: float) -> None:
+    async def touch(self, session_ids: Iterable[str], ttl: float) -> set[str]:
         await trio.lowlevel.checkpoint()
         until = trio.current_time() + ttl
+        gone: set[str] = set()
         for session_id in session_ids:
             if self._session(session_id) is not None:
                 self._sessions[session_id] = (self._sessions[session_id][0], until)
+            else:
+                gone.add(session_id)
+        return gone
 
     async def aclose(self) -> None:
         await trio.lowlevel.checkpoint()
+
+    def flush(self) -> None:
+        """Forget every record and lease, as a Redis restarted without persistence does
+        (``FLUSHALL``): for tests."""
+        self._sessions.clear()
+        self._nodes.clear()

@@ -26,8 +26,6 @@ The lease's text (:class:`Endpoint`): ``ws://HOST:PORT`` or ``wss://HOST:PORT``,
 ``key=`` (the node's relay key, base64url) and, for ``wss``, ``pin=`` (the SHA-256 of the
 certificate the node presents: the relaying node checks that certificate, not a CA's
 signature or a name, since nodes reach each other at addresses certificates rarely name).
-A lease of ``HOST:PORT`` alone is a node of an earlier version (a rolling upgrade): it is
-relayed to as it expects.
 """
 
 from __future__ import annotations
@@ -89,15 +87,10 @@ class Endpoint:
     key: bytes | None = attrs.field(default=None, repr=False)
     pin: str | None = None
     """The SHA-256 (hex) of the node's certificate: the relay is ``wss://``."""
-    legacy: bool = False
-    """A node of an earlier version (its lease is ``HOST:PORT``), which takes the relaying
-    node's name for a proof (it honours the header from anyone)."""
 
     def encode(self) -> str:
         """The lease's text."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        if self.legacy:
-            return f"{host}:{self.port}"
         text = f"{'wss' if self.pin else 'ws'}://{host}:{self.port}"
         if self.key is not None:
             text += f" key={_b64(self.key)}"
@@ -107,14 +100,12 @@ class Endpoint:
 
     @classmethod
     def parse(cls, text: str) -> Endpoint:
-        """A lease's text as an endpoint; ValueError if it is none. ``HOST:PORT`` alone
-        (a node of an earlier version) is plain, without a key."""
+        """A lease's text as an endpoint; ValueError if it is none (``HOST:PORT`` alone is
+        a node of 0.1.0, whose sessions this version does not see anyway: their keys in
+        the store have other names)."""
         first, *fields = text.split(" ")
         scheme, found, address = first.partition("://")
-        legacy = not found and not fields
-        if not found:
-            scheme, address = "ws", first
-        if scheme not in ("ws", "wss"):
+        if not found or scheme not in ("ws", "wss"):
             raise ValueError(f"not a relay address: {first!r}")
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
@@ -124,7 +115,7 @@ class Endpoint:
         pin = values.get("pin")
         if (scheme == "wss") != (pin is not None):
             raise ValueError("a relay address with TLS needs its certificate's pin, and only it")
-        return cls(host=host.strip("[]"), port=int(port), key=key, pin=pin, legacy=legacy)
+        return cls(host=host.strip("[]"), port=int(port), key=key, pin=pin)
 
 
 @attrs.frozen(kw_only=True)
@@ -175,10 +166,6 @@ class Trust:
     ) -> str | None:
         """The ``x-vrt-relay`` value of a relay to ``owner`` (None: no key to prove it
         with). ``now``: the wall clock (``time.time()``), which nodes share."""
-        if owner.legacy:
-            # A node of an earlier version, during a rolling upgrade: it takes the
-            # relaying node's name, as it takes anyone's (that is what this module ends).
-            return front
         key = self.key_for(owner)
         if key is None:
             return None

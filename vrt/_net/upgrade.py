@@ -70,10 +70,14 @@ Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
 
 
 class Front(Protocol):
-    """What the upgrade asks of its server: whether it is draining (``handover-v1``), and
-    what a relayed upgrade's proof proves (None: nothing, the header means nothing)."""
+    """What the upgrade asks of its server: whether it is draining (``handover-v1``),
+    whether its store is out of reach (``GET /healthz``), and what a relayed upgrade's
+    proof proves (None: nothing, the header means nothing)."""
 
     draining: bool
+
+    @property
+    def store_unreachable(self) -> bool: ...
 
     def relay_of(self, handshake: HandshakeRequest) -> object | None: ...
 
@@ -111,8 +115,13 @@ async def upgrade(
     draining = server is not None and server.draining
     if not relay_only:
         try:
+            unreachable = server is not None and server.store_unreachable
             if await front(
-                stream, demo=options.web_demo, draining=draining, metrics=options.metrics
+                stream,
+                demo=options.web_demo,
+                draining=draining,
+                store_unreachable=unreachable,
+                metrics=options.metrics,
             ):
                 return None
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -40,7 +40,8 @@ WEB_FILES = {
 """Every path the front serves: the file in ``vrt/web`` and its content type."""
 
 HEALTH = "/healthz"
-"""The health check: ``200 ok`` while accepting sessions, ``503 draining`` after SIGTERM."""
+"""The health check: ``200 ok`` while accepting sessions and able to save them, ``503
+draining`` after SIGTERM, ``503 store unreachable`` while the store does not answer."""
 METRICS = "/metrics"
 """With ``metrics``: the process's metrics, in Prometheus' text format."""
 HEAD_LIMIT = 16 * 1024
@@ -64,12 +65,18 @@ DEMO_FILES = {"/": ("demo.html", "text/html; charset=utf-8")}
 
 
 async def front(
-    stream: GuardedStream, *, demo: bool = False, draining: bool = False, metrics: bool = False
+    stream: GuardedStream,
+    *,
+    demo: bool = False,
+    draining: bool = False,
+    store_unreachable: bool = False,
+    metrics: bool = False,
 ) -> bool:
     """Read the request head on ``stream``: True if it was answered here (the caller
     closes the connection), False if it is a WebSocket upgrade, put back for trio-websocket
     to read. ``demo``: serve the demo page at ``/`` as well. ``/healthz`` answers ``200
-    ok``, or ``503 draining`` once ``draining`` (a load balancer's health check); with
+    ok``, or ``503 draining`` once ``draining``, ``503 store unreachable`` while
+    ``store_unreachable`` (a load balancer's health check); with
     ``metrics``, ``/metrics`` answers the Prometheus text format (:mod:`vrt._net.metrics`). Raises
     ``trio.BrokenResourceError`` if the peer goes."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
@@ -106,7 +113,15 @@ async def front(
         stream.unread(bytes(seen))  # the upgrade: trio-websocket reads it from the start
         return False
     path = event.target.split(b"?", 1)[0].decode("latin-1")
-    response = respond(event.method, path, headers, demo=demo, draining=draining, metrics=metrics)
+    response = respond(
+        event.method,
+        path,
+        headers,
+        demo=demo,
+        draining=draining,
+        store_unreachable=store_unreachable,
+        metrics=metrics,
+    )
     await _send(stream, response)
     return True
 
@@ -129,6 +144,7 @@ def respond(
     *,
     demo: bool = False,
     draining: bool = False,
+    store_unreachable: bool = False,
     metrics: bool = False,
 ) -> Response:
     """The answer to a plain HTTP request (not an upgrade) for ``path`` (no query string),
@@ -140,7 +156,13 @@ def respond(
     if method not in (b"GET", b"HEAD"):
         return _response(405, b"method not allowed", ((b"allow", b"GET, HEAD"),))
     if path == HEALTH:
-        status, text = (503, b"draining\n") if draining else (200, b"ok\n")
+        status, text = (
+            (503, b"draining\n")
+            if draining
+            else (503, b"store unreachable\n")
+            if store_unreachable
+            else (200, b"ok\n")
+        )
         no_cache = ((b"cache-control", b"no-store"),)
         return _response(status, text if method == b"GET" else b"", no_cache, length=len(text))
     if path == METRICS and metrics:

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vrt.server")
 
+LET_GO = frozenset({"handed_over", "taken_over", "abandoned"})
+"""The Movement states of a session let go here to go on elsewhere: no ``closed``, its
+record kept (handed over; taken by another node; abandoned by a drain, unsaved)."""
+
 
 class SessionActor:
     """One session's actor: the protocol pumped, the session driven, across connections."""
@@ -171,8 +175,8 @@ class SessionActor:
                     started = True
                     await self._expiry()
                 finally:
-                    if self.movement.state in ("handed_over", "taken_over"):
-                        session.hand_over(taken=self.movement.state == "taken_over")
+                    if self.movement.state in LET_GO:
+                        session.hand_over(taken=self.movement.state != "handed_over")
                     else:
                         session.close("client")  # cancels the nursery: the turns end with it
         except Exception:  # a bug: the peer learns only that it happened
@@ -188,7 +192,7 @@ class SessionActor:
             self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")
-            handed_over = self.movement.state in ("handed_over", "taken_over")
+            handed_over = self.movement.state in LET_GO
             if not self.movement.final:
                 self.movement.send("close")
             if handed_over:

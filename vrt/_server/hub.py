@@ -41,6 +41,11 @@ from vrt._wire.server import ServerProtocol
 
 log = logging.getLogger("vrt.server")
 
+DRAIN_RETRY = 1.0
+"""Seconds between a drain's attempts to move the sessions still here."""
+DRAIN_GRACE = 5.0
+"""Seconds a drain waits, after its timeout, for the turns it interrupted to end."""
+
 
 class Hub:
     """The sessions of one server, which outlive their connections while resumable.
@@ -77,6 +82,12 @@ class Hub:
         self.acks = AckTimer()
         """Every session's ack timer: one task for the server."""
         nursery.start_soon(self.acks.run)
+
+    @property
+    def store_unreachable(self) -> bool:
+        """Whether the store failed this node's last call: ``GET /healthz`` answers ``503
+        store unreachable`` (the load balancer sends new clients to nodes that can save)."""
+        return self.node is not None and not self.node.store_ok
 
     async def handle_stream(
         self,
@@ -414,8 +425,10 @@ class Hub:
                          hello.resume.session_id)  # fmt: skip
                 return
         except StoreError as exc:
-            # Not the client's fault, nor the end of its session: it tries again.
-            log.warning("session %s: cannot resume now: %s", hello.resume.session_id, exc)
+            # Not the client's fault, nor the end of its session: it tries again. (The
+            # node logs the store's outage once.)
+            self.node.store_failed(exc)
+            log.info("session %s: cannot resume now: %s", hello.resume.session_id, exc)
             await send_and_close(ws, [], 1011)
             return
         if found is None:
@@ -459,30 +472,48 @@ class Hub:
     async def drain(self, drain_timeout: float) -> None:
         """Hand every session over to another node (``handover-v1``): new sessions are
         refused from now; each session moves at its next turn boundary, and a turn still
-        open after ``drain_timeout`` seconds is interrupted so that it reaches one.
-        Returns when every session has moved, or a few seconds after the timeout (those
-        left close ``shutdown`` with the server)."""
+        open after ``drain_timeout`` seconds is interrupted so that it reaches one. A
+        handover the store failed is tried again while the store answers. Returns when
+        every session has moved, or a few seconds after the timeout: those still here
+        then (the store does not answer, or a turn would not end) are let go unsaved
+        (Movement ``abandon``, 1012): their clients resume elsewhere, where they are
+        adopted from their last save once this node's lease is over."""
         self.draining = True
         if self.node is not None:
             self.node.draining = True
         self._emptied = trio.Event()
-        for actor in list(self.sessions.values()):
-            if actor.keeper is not None:
-                actor.keeper.move()  # now if between turns, else at the end of its turn
+        self._move_all(again=False)  # now if between turns, else at the end of its turn
+        with trio.move_on_after(drain_timeout):
+            while self.sessions:
+                with trio.move_on_after(DRAIN_RETRY):
+                    await self._emptied.wait()
+                self._move_all()
         if self.sessions:
-            with trio.move_on_after(drain_timeout):
-                await self._emptied.wait()
-        if self.sessions:
-            log.info("drain: %d sessions still in a turn: interrupted", len(self.sessions))
-            with trio.move_on_after(5.0):
+            log.info("drain: %d sessions not handed over yet: interrupted", len(self.sessions))
+            with trio.move_on_after(DRAIN_GRACE):
                 while self.sessions:
+                    self._move_all()
                     for actor in list(self.sessions.values()):
-                        if actor.keeper is not None:
-                            actor.keeper.move()  # (a retry, if the store failed before)
                         if actor.session is not None:
                             actor.session.interrupt()  # (a turn that started meanwhile too)
                     with trio.move_on_after(0.25):
                         await self._emptied.wait()
+        left = [actor for actor in self.sessions.values() if actor.keeper is not None]
+        abandoned = sum(actor.keeper.abandon() for actor in left if actor.keeper is not None)
+        if len(left) > abandoned:
+            log.warning(
+                "drain: %d sessions cannot move (nothing of them in the store): they close",
+                len(left) - abandoned,
+            )
+        if abandoned:
+            log.warning(
+                "drain: %d sessions could not be handed over (%s): let go unsaved; their "
+                "clients resume at another node, which adopts them from their last save",
+                abandoned,
+                "the store does not answer"
+                if self.node is not None and not self.node.store_ok
+                else "their turns did not end",
+            )
         # The connections relayed through this node to others: their clients resume at
         # once, and reach the node running their session some other way.
         relayed = self.node.relayed if self.node is not None else set()
@@ -490,6 +521,16 @@ class Hub:
             self.nursery.start_soon(send_and_close, ws, [], HANDOVER_CLOSE)
         if relayed:
             await trio.sleep(0.2)
+
+    def _move_all(self, *, again: bool = True) -> None:
+        """Ask every session to move (a drain). ``again``: a retry, for those whose
+        handover the store failed, only while the store answers (the node's heartbeat
+        says when it is back)."""
+        if again and self.node is not None and not self.node.store_ok:
+            return
+        for actor in list(self.sessions.values()):
+            if actor.keeper is not None:
+                actor.keeper.move()
 
     def _matching(self, hello: m.Hello, principal: Any) -> SessionActor | None:
         """The session of this node that ``hello`` resumes, if the token, the principal

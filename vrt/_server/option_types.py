@@ -8,8 +8,9 @@ when this file is stale.
 
 from __future__ import annotations
 
+import socket
 import ssl
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TypedDict
 
 from vrt._cluster.store import Store
@@ -36,7 +37,7 @@ class ServerOptions(TypedDict, total=False):
     Observability: ``capture_content``, ``metrics``.
 
     Serving in production (docs/deploy.md): ``store``, ``node``, ``drain_timeout``, ``relay_host``,
-    ``cluster_secret``, ``reuse_port``.
+    ``cluster_secret``, ``sockets``.
     """
 
     capabilities: Collection[str]
@@ -223,13 +224,14 @@ class ServerOptions(TypedDict, total=False):
     """
 
     store: str | Store | None
-    """``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a store object shared
-    by servers of one process (``vrt._cluster.store.MemoryStore``). Each session is saved there at
-    every turn boundary; a resume that reaches another server sharing the store is relayed to the
-    one running the session, or adopts it there once it was handed over (:meth:`vrt.Server.drain`)
-    or its server died (after a lease of 5 s: the turn that was running ends ``interrupted``).
-    Records expire with ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if
-    the store does not answer. Without a store, sessions live in this process only.
+    """``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide: ``pip install
+    'trio-vrt[redis]'``), or a store object shared by servers of one process
+    (``vrt._cluster.store.MemoryStore``). Each session is saved there at every turn boundary; a
+    resume that reaches another server sharing the store is relayed to the one running the session,
+    or adopts it there once it was handed over (:meth:`vrt.Server.drain`) or its server died (after
+    a lease of 5 s: the turn that was running ends ``interrupted``). Records expire with
+    ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if the store does not
+    answer, or valkey-glide is not installed. Without a store, sessions live in this process only.
 
     Default: ``None``. Command line: ``vrt serve --store``.
     """
@@ -267,11 +269,15 @@ class ServerOptions(TypedDict, total=False):
     Default: ``None``. Command line: ``vrt serve --cluster-secret``.
     """
 
-    reuse_port: bool
-    """Listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several processes on one port, the
-    kernel spreading connections across them).
+    sockets: Sequence[socket.socket] | None
+    """Serve on these listening TCP sockets instead of binding ``host:port``: sockets someone else
+    bound and holds (``vrt serve --workers``: the parent's, one set shared by every worker;
+    systemd's socket activation). The kernel queues new connections on each socket while any process
+    holds it open, and whichever process accepts first gets them. The server closes its copies when
+    it returns, and at once on :meth:`vrt.Server.drain` (it stops accepting: the others holding them
+    take the new connections). ValueError if one is not a listening TCP socket.
 
-    Default: ``False``.
+    Default: ``None``.
     """
 
 

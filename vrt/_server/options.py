@@ -9,8 +9,9 @@ the store (``vrt._cluster``), which the plumbing room must not import.
 
 from __future__ import annotations
 
+import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -33,6 +34,22 @@ from vrt._net.tls import server_context
 
 def _tls(name: str, value: object) -> ssl.SSLContext | None:
     return None if value is None else server_context(value)
+
+
+def _listening(name: str, value: object) -> tuple[socket.socket, ...] | None:
+    if value is None:
+        return None
+    sockets = tuple(value) if isinstance(value, list | tuple) else None
+    if not sockets or not all(isinstance(sock, socket.socket) for sock in sockets):
+        raise ValueError(f"{name} must be a list of listening sockets, not {value!r}")
+    for sock in sockets:
+        try:
+            listens = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        except OSError:  # closed
+            listens = 0
+        if sock.type != socket.SOCK_STREAM or not listens:
+            raise ValueError(f"{name}: {sock!r} is not a listening TCP socket")
+    return sockets
 
 
 @attrs.frozen(kw_only=True)
@@ -63,19 +80,25 @@ class ServeOptions:
             help="redis://HOST:PORT[/DB] or valkey://...: where sessions are saved, shared by "
             "every node (default: none, sessions live in this process)",
         ),
-        doc="""``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide), or a store
-        object shared by servers of one process (``vrt._cluster.store.MemoryStore``). Each
+        doc="""``"redis://HOST:PORT[/DB]"`` or ``"valkey://..."`` (valkey-glide: ``pip install
+        'trio-vrt[redis]'``), or a store object shared by servers of one process
+        (``vrt._cluster.store.MemoryStore``). Each
         session is saved there at every turn boundary; a resume that reaches another server
         sharing the store is relayed to the one running the session, or adopts it there
         once it was handed over (:meth:`vrt.Server.drain`) or its server died (after a lease of
         5 s: the turn that was running ends ``interrupted``). Records expire with
         ``resume_window``. Raises :class:`~vrt._cluster.store.StoreError` at once if the
-        store does not answer. Without a store, sessions live in this process only.""",
+        store does not answer, or valkey-glide is not installed. Without a store,
+        sessions live in this process only.""",
     )
     node: str | None = option(
         None,
         group="production",
-        flag=Flag(metavar="NAME", help="this process's name in the store (default: host:pid)"),
+        flag=Flag(
+            metavar="NAME",
+            help="this process's name in the store and in log lines (default: host:pid; a "
+            "worker's NAME:i or host:pid:i)",
+        ),
         doc="""This server's name in the store and in logs (default ``host:pid``).""",
     )
     drain_timeout: float = option(
@@ -119,11 +142,17 @@ class ServeOptions:
         is true anyway. With a secret no key is in the store. Every node must have the same
         one, or none. Never logged, in no ``repr``.""",
     )
-    reuse_port: bool = option(
-        False,
+    sockets: Sequence[socket.socket] | None = option(
+        None,
         group="production",
-        doc="""Listen with ``SO_REUSEPORT`` (``vrt serve --workers``: several processes on
-        one port, the kernel spreading connections across them).""",
+        rule=Rule(_listening),
+        doc="""Serve on these listening TCP sockets instead of binding ``host:port``: sockets
+        someone else bound and holds (``vrt serve --workers``: the parent's, one set shared by
+        every worker; systemd's socket activation). The kernel queues new connections on
+        each socket while any process holds it open, and whichever process accepts first
+        gets them. The server closes its copies when it returns, and at once on
+        :meth:`vrt.Server.drain` (it stops accepting: the others holding them take the new
+        connections). ValueError if one is not a listening TCP socket.""",
     )
 
 

@@ -100,8 +100,7 @@ async def serve(
     try:
         node_ = None
         if the_store is not None:
-            # The store first: a worker that listened before it could serve would be
-            # handed connections by the kernel (SO_REUSEPORT) meanwhile.
+            # The store first: a server that cannot save fails before it listens.
             if isinstance(the_store, RedisStore):
                 await the_store.connect()
             bound_host = serving.relay_host or _reachable(host)
@@ -121,8 +120,11 @@ async def serve(
                 key=trust.published,
                 pin=certificate_pin(ssl_context) if ssl_context is not None else None,
             ).encode()
-        if serving.reuse_port:
-            listeners = await _reuse_port_listeners(port, host)
+        if serving.sockets is not None:
+            listeners = [
+                trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                for sock in serving.sockets
+            ]
         else:
             listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
@@ -155,9 +157,9 @@ async def serve(
             else:
                 await drain.wait()
                 log.info("draining: %d sessions to hand over", len(hub.sessions))
-                if serving.reuse_port:
-                    # Workers share the port: the kernel sends new connections to the
-                    # others once this one no longer listens.
+                if serving.sockets is not None:
+                    # Others hold these sockets too (the other workers): they accept the
+                    # new connections once this one no longer does.
                     public.cancel()
                     with trio.CancelScope(shield=True):
                         for listener in listeners:
@@ -227,27 +229,3 @@ def _reachable(host: str) -> str:
         except OSError:
             return "127.0.0.1"
     return host
-
-
-async def _reuse_port_listeners(port: int, host: str) -> list[trio.SocketListener]:
-    """Listeners on ``host:port`` with ``SO_REUSEPORT``: every worker of ``vrt serve
-    --workers`` binds the same port, and the kernel spreads new connections across them."""
-    listeners: list[trio.SocketListener] = []
-    for family, kind, proto, _, address in await trio.socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        sock = trio.socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            await sock.bind(address)
-            sock.listen(4096)
-        except OSError:
-            sock.close()
-            for listener in listeners:
-                await listener.aclose()
-            raise
-        listeners.append(trio.SocketListener(sock))
-    return listeners

@@ -456,7 +456,12 @@ class ServerRules(Rules):
 
         Once the turn's end is saved (LIVE) the adopting process is where the dead one was,
         and the crash is a drop: it does not count against ``crashes`` (like a drop, one
-        stands for any number)."""
+        stands for any number).
+
+        A drain that could not write its handover (the store failing) lets the session go
+        unsaved at its end (Movement ``abandon``: 1012, no ``closed``, the record as last
+        saved): for the client and the process that adopts it, that is this very crash,
+        so it is no transition of its own."""
         if s[F_CRASHES] >= self.crashes or s[F_SESSION] not in ("open", "detached"):
             return None
         w = list(s)
