@@ -320,9 +320,9 @@ SHIPPED_HAPROXY = Path(__file__).parent.parent / "docs" / "deploy" / "haproxy.cf
 """The configuration docs/deploy.md ships: the tests run it, on loopback ports."""
 
 
-def haproxy_config(port: int, backends: list[int]) -> str:
+def haproxy_config(port: int, backends: list[int], server_options: str = "") -> str:
     """The shipped HAProxy configuration, bound to ``127.0.0.1:port``, its servers the
-    ``backends`` (loopback ports)."""
+    ``backends`` (loopback ports), each with ``server_options`` too (``send-proxy-v2``)."""
     lines = []
     for line in SHIPPED_HAPROXY.read_text().splitlines():
         stripped = line.strip()
@@ -333,20 +333,27 @@ def haproxy_config(port: int, backends: list[int]) -> str:
         elif stripped.startswith("maxconn "):
             line = "    maxconn 4096"  # (within the test's file descriptor limit)
         lines.append(line)
-    lines += [f"    server n{i} 127.0.0.1:{b} check" for i, b in enumerate(backends)]
-    lines += [f"    server n{i}-any 127.0.0.1:{b} backup" for i, b in enumerate(backends)]
+    lines += [
+        f"    server n{i} 127.0.0.1:{b} check {server_options}".rstrip()
+        for i, b in enumerate(backends)
+    ]
+    lines += [
+        f"    server n{i}-any 127.0.0.1:{b} backup {server_options}".rstrip()
+        for i, b in enumerate(backends)
+    ]
     return "\n".join(lines) + "\n"
 
 
 @contextmanager
-def haproxy(backends: list[int]) -> Iterator[int]:
+def haproxy(backends: list[int], server_options: str = "") -> Iterator[int]:
     """HAProxy on a free loopback port in front of ``backends`` (loopback ports), with the
-    configuration docs/deploy/haproxy.cfg ships (round robin, no stickiness): its port."""
+    configuration docs/deploy/haproxy.cfg ships (round robin, no stickiness; each server
+    with ``server_options`` too): its port."""
     binary = _binary("haproxy", "haproxy")
     port = free_port()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "haproxy.cfg"
-        path.write_text(haproxy_config(port, backends))
+        path.write_text(haproxy_config(port, backends, server_options))
         log = Path(folder) / "haproxy.log"
         with log.open("wb") as err:
             process = subprocess.Popen(

@@ -151,12 +151,14 @@ async def upgrade(
 
 
 @asynccontextmanager
-async def raw(port: int, path: str = "/vrt/") -> AsyncIterator[Any]:
+async def raw(
+    port: int, path: str = "/vrt/", headers: list[tuple[bytes, bytes]] | None = None
+) -> AsyncIterator[Any]:
     """A raw trio-websocket connection (the test owns its TCP stream and closes it)."""
     async with trio.open_nursery() as nursery:
         stream = await trio.open_tcp_stream(HOST, port)
         try:
-            ws = await wrap_client_stream(nursery, stream, HOST, path)
+            ws = await wrap_client_stream(nursery, stream, HOST, path, extra_headers=headers)
             try:
                 yield ws
             finally:
@@ -363,6 +365,42 @@ async def test_sessions_per_peer_by_address_or_principal(no_errors: None) -> Non
                 assert await second_session(port, first) == ["error", "closed"]
                 if authenticate is not None:  # another principal, the same address
                     assert (await second_session(port, other))[0] == "welcome"
+
+
+async def test_sessions_per_peer_by_the_address_a_trusted_proxy_forwards(
+    no_errors: None,
+) -> None:
+    """Behind a proxy every connection has the proxy's address: with the proxy in
+    ``trusted_proxies`` the sessions count by the client its ``X-Forwarded-For`` names
+    (the rightmost address that is not a trusted proxy); without, by the proxy's."""
+    hello = json.dumps({"type": "hello", "seq": 1, "protocol": "vrt/1", "capabilities": []})
+
+    def forwarded(chain: str) -> list[tuple[bytes, bytes]]:
+        return [(b"x-forwarded-for", chain.encode())]
+
+    async def session_of(port: int, chain: str) -> list[str]:
+        async with raw(port, headers=forwarded(chain)) as ws:
+            await ws.send_message(hello)
+            with trio.fail_after(5):
+                first = json.loads(await ws.get_message())["type"]
+                if first == "welcome":
+                    return [first]
+                return [first, json.loads(await ws.get_message())["type"]]
+
+    for trusted, other in ((["127.0.0.1/32"], ["welcome"]), (None, ["error", "closed"])):
+        vrt_app = vrt.asgi.app(agent, max_sessions_per_peer=1, trusted_proxies=trusted)
+        async with hypercorn(starlette_app(vrt_app)) as port:
+            url = f"ws://{HOST}:{port}/vrt/"
+            headers = [("x-forwarded-for", "198.51.100.7, 203.0.113.1")]
+            async with (
+                vrt.connect(url, tools=[show], headers=headers) as client,
+                client.subscribe() as channel,
+            ):
+                await client.send_text("go")
+                await until(Log(channel), lambda e: isinstance(e, vrt.TurnEnded))
+                # the client wrote 198.51.100.7 itself: 203.0.113.1 is who it is
+                assert await session_of(port, "9.9.9.9, 203.0.113.1") == ["error", "closed"]
+                assert await session_of(port, "198.51.100.7, 203.0.113.2") == other
 
 
 async def error_code(ws: Any) -> str:

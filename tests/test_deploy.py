@@ -422,10 +422,14 @@ async def test_a_crashed_worker_is_started_again_until_it_keeps_crashing(
 CLIENTS = 200
 NODE_FLAGS = (
     "--resume-window", "60",
-    "--max-sessions-per-peer", "1000",  # every connection comes from HAProxy's address
-    "--max-pending-per-peer", "256",
+    # Every connection comes from HAProxy's address: the per-peer limits (their defaults)
+    # count the client HAProxy forwards (X-Forwarded-For, the shipped configuration).
+    "--trusted-proxies", "127.0.0.1/32",
     "--drain-timeout", "10",
 )  # fmt: skip
+SOURCES = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(CLIENTS)]
+"""The addresses the clients come from (every 127.x.y.z is loopback), as many clients'
+would: each a peer of its own once HAProxy forwards it."""
 
 
 @vrt.app_tool(parameters={"type": "object", "properties": {"text": {"type": "string"}}})
@@ -538,7 +542,7 @@ async def test_three_nodes_behind_haproxy_lose_nothing(tmp_path: Path, redis_url
         for i in range(3):
             nodes.append(await start(i, 0))
         balancer = stack.enter_context(haproxy(ports))
-        proxy = LoopbackProxy(balancer)
+        proxy = LoopbackProxy(balancer, sources=SOURCES)
         stop = trio.Event()
         clients = [Client() for _ in range(CLIENTS)]
         cuts = 0

@@ -33,6 +33,7 @@ import trio
 import vrt
 from tests.servers import vrt_serve
 from tests.test_wire_errors import chat_agent, connected, serving, session
+from vrt._cluster.store import MemoryStore
 from vrt._server import pace as _pace
 from vrt.testing import LoopbackProxy
 
@@ -809,6 +810,26 @@ async def test_sessions_per_peer_and_sessions_that_never_start_a_turn() -> None:
             assert await closed_by_server(stream, within=3) < 2.5
         for stream in [*flood, other]:
             await stream.aclose()
+        await fresh_works(server)
+
+
+async def test_hellos_at_once_over_the_per_peer_limit_log_no_error() -> None:
+    """Found rerunning issue 26's finding 7: with a store, a session closed to make room
+    for a newer one of its peer while its keeper was starting made the server log ERROR
+    "connection failed" (the actor's task ended before it said it had started)."""
+    store = MemoryStore()
+    async with serving(chat_agent(), store=store, node="n0", max_sessions_per_peer=1) as server:
+
+        async def hello() -> None:
+            stream = await raw_upgraded(server.port)
+            async with stream:
+                await stream.send_all(HELLO)
+                with contextlib.suppress(trio.TooSlowError):
+                    await closed_by_server(stream, within=0.5)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(30):
+                nursery.start_soon(hello)
         await fresh_works(server)
 
 

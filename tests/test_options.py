@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import os
 import re
 import socket
 import subprocess
@@ -222,6 +223,13 @@ def test_every_declared_flag_is_in_vrt_serve_help_with_its_default(
     assert option_values(args) == {field.name: field.default for field in flagged()}
 
 
+REPEATED = {
+    "allowed_origins": ["https://a.example", "https://b.example"],
+    "trusted_proxies": ["10.0.0.0/8", "192.168.0.0/16,fd00::/8"],
+}
+"""Two values of each repeated flag (a new one needs its own here)."""
+
+
 def _every_option_set() -> tuple[list[str], dict[str, Any]]:
     """A ``vrt serve`` command line that gives every flagged option a value other than its
     default (made from the declarations: a new option is tested too), and those values."""
@@ -236,8 +244,9 @@ def _every_option_set() -> tuple[list[str], dict[str, Any]]:
             argv.append(name)
             values[field.name] = True
         elif declared.flag.repeat:
-            argv += [name, "https://a.example", name, "https://b.example"]
-            values[field.name] = ["https://a.example", "https://b.example"]
+            for item in REPEATED[field.name]:
+                argv += [name, item]
+            values[field.name] = REPEATED[field.name]
         else:
             value = f"{field.name}-value" if default is None else default + 3
             argv += [name, str(value)]
@@ -247,6 +256,7 @@ def _every_option_set() -> tuple[list[str], dict[str, Any]]:
 
 def test_vrt_serve_passes_every_option_to_vrt_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
+    monkeypatch.delenv("VRT_CLUSTER_SECRET", raising=False)  # (--cluster-secret sets it)
 
     def serve(agent: vrt.Agent, host: str, port: int, label: str, **options: Any) -> int:
         seen.update(options, host=host, port=port)
@@ -262,10 +272,12 @@ def test_vrt_serve_passes_every_option_to_vrt_serve(monkeypatch: pytest.MonkeyPa
     assert "sockets" not in seen and seen["ssl_context"] is None and seen["parent"] is None
 
 
-def test_a_workers_command_line_carries_every_option() -> None:
+def test_a_workers_command_line_carries_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
     """``vrt serve --workers N`` starts each worker with every option it was given (the
     node's name gets the worker's index), the port, its index, the parent's listening
-    sockets and its link to the parent."""
+    sockets and its link to the parent; a secret in its environment variable, never on its
+    command line (which ``ps`` shows)."""
+    monkeypatch.delenv("VRT_CLUSTER_SECRET", raising=False)
     argv, values = _every_option_set()
     flags = ["--host", "0.0.0.0", "--log-level", "debug", "--workers", "3"]
     flags += ["--certfile", "cert.pem", "--keyfile", "key.pem"]
@@ -280,6 +292,8 @@ def test_a_workers_command_line_carries_every_option() -> None:
     for name, value in values.items():
         if name != "node":
             assert getattr(worker, name) == value, name
+    secret = values["cluster_secret"]
+    assert secret not in command and os.environ["VRT_CLUSTER_SECRET"] == secret
 
 
 def test_a_worker_keeps_the_defaults() -> None:

@@ -37,6 +37,7 @@ from trio_websocket import CloseReason, ConnectionClosed
 
 from vrt._engine.agent import Agent
 from vrt._net.options import Options, with_options
+from vrt._net.proxied import forwarded_client
 from vrt._net.upgrade import HELLO_LIMIT, HandshakeRequest, Refused, decide
 from vrt._net.web import Response, respond
 from vrt._server.hub import Hub, peer_of
@@ -67,14 +68,16 @@ def app(agent: Agent, *, store: None = None, **options: Unpack[AppOptions]) -> A
 
     ``handshake_timeout`` runs from the moment the ASGI server hands the upgrade to the app
     (``authenticate`` and the hello within it); ``max_sessions_per_peer`` counts by principal,
-    else by the client's address as the ASGI server reports it (behind a proxy, the proxy's,
-    unless the server is told to trust its forwarding headers).
+    else by the client's address as the ASGI server reports it (behind a proxy, the proxy's),
+    or, when that is a proxy named in ``trusted_proxies``, by the client its
+    ``X-Forwarded-For`` names.
 
     Not taken (TypeError, as for any unknown option): ``host``, ``port`` and ``sockets``
     (the ASGI server listens), ``max_pending_connections`` and ``max_pending_per_peer`` (it
     accepts TCP and reads the upgrade), ``ssl_context`` (it serves TLS), ``relay_host``,
-    ``node`` and ``drain_timeout``. ``store`` (sessions across processes: relays, handover,
-    drain) is ``vrt.serve``'s only: any value but None is a ValueError.
+    ``node``, ``cluster_secret`` and ``drain_timeout``. ``store`` (sessions across
+    processes: relays, handover, drain) is ``vrt.serve``'s only: any value but None is a
+    ValueError.
     """
     if store is not None:
         raise ValueError(
@@ -195,8 +198,9 @@ class App:
             return
         options = self.options
         deadline = start + options.handshake_timeout
-        host, remote = _client(scope)
+        peer, remote = _client(scope)
         handshake = HandshakeRequest(path=_target(scope), headers=_headers(scope), remote=remote)
+        host = forwarded_client(peer, handshake.headers, options.proxies)
         verdict = None
         with trio.move_on_at(deadline):
             verdict = await decide(options, handshake, draining=hub.draining)
@@ -208,7 +212,7 @@ class App:
             await _refuse(scope, send, _plain(verdict.status, verdict.body))
             return
         await send({"type": "websocket.accept"})
-        log.info("connection from %s", remote)
+        log.info("connection from %s", remote if host == peer else f"{host} (through {remote})")
         ws = AsgiConnection(receive, send, min(HELLO_LIMIT, options.max_message_size))
         try:
             await hub.serve_connection(

@@ -5,11 +5,17 @@ the option's name), its text read by the option's rule, its help the declared li
 default. ``vrt serve`` adds them (:func:`add_flags`) and passes their values to ``vrt.serve``
 (:func:`option_values`); ``vrt serve --workers`` gives each worker the same ones
 (:func:`option_argv`). A new option with a flag needs no change here or there.
+
+A flag with an environment variable (:attr:`~vrt._net.options.Flag.env`) takes its value
+from there when it is not given. A secret's flag (``--cluster-secret``) is never written
+on a worker's command line, which ``ps`` shows to every user of the machine: given as a
+flag, it is put in that environment variable, which the workers inherit.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -51,14 +57,30 @@ def add_flags(parser: Container, groups: Mapping[str, Container] | None = None) 
         assert flag is not None
         into = (groups or {}).get(declared.group, parser)
         name = declared.flag_name(field.name)
+        read = str if declared.rule is None else declared.rule.read
         if isinstance(field.default, bool):
             into.add_argument(name, dest=field.name, action="store_true", help=flag.help)
         elif flag.repeat:
             into.add_argument(
-                name, dest=field.name, action="append", metavar=flag.metavar, help=flag.help
+                name,
+                dest=field.name,
+                action="append",
+                type=reading(read),
+                metavar=flag.metavar,
+                help=flag.help,
+            )
+        elif flag.env is not None:
+            default = os.environ.get(flag.env)
+            into.add_argument(
+                name,
+                dest=field.name,
+                type=reading(read),
+                default=field.default if default is None else read_env(flag.env, read, default),
+                action=_Exported if declared.secret else "store",
+                metavar=flag.metavar,
+                help=f"{flag.help}; or ${flag.env}",
             )
         else:
-            read = str if declared.rule is None else declared.rule.read
             shown = "" if field.default is None else " (default: %(default)s)"
             into.add_argument(
                 name,
@@ -68,6 +90,33 @@ def add_flags(parser: Container, groups: Mapping[str, Container] | None = None) 
                 metavar=flag.metavar,
                 help=flag.help + shown,
             )
+
+
+def read_env(name: str, read: Callable[[str], Any], text: str) -> Any:
+    """The value of environment variable ``name``, read as its flag's: SystemExit with one
+    line (naming the variable, never its value) if it is not one."""
+    try:
+        return read(text)
+    except ValueError as exc:
+        raise SystemExit(f"vrt serve: ${name}: {exc}") from None
+
+
+class _Exported(argparse.Action):
+    """A secret's flag: its value is also put in the flag's environment variable, for the
+    workers (which get no secret on their command line) to inherit."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        for field in flagged():
+            flag = about(field).flag
+            if field.name == self.dest and flag is not None and flag.env is not None:
+                os.environ[flag.env] = values
 
 
 def option_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,8 +131,8 @@ def option_argv(args: argparse.Namespace) -> list[str]:
         declared = about(field)
         name = declared.flag_name(field.name)
         value = getattr(args, field.name)
-        if value == field.default or value is None:
-            continue
+        if value == field.default or value is None or declared.secret:
+            continue  # (a secret reaches the workers in its environment variable)
         if isinstance(field.default, bool):
             argv.append(name)
         elif declared.flag is not None and declared.flag.repeat:

@@ -37,6 +37,7 @@ import trio
 
 from vrt._cluster.record import State, checks, principal_hash, restore, token_matches
 from vrt._cluster.store import Store, StoreError
+from vrt._cluster.trust import Trust
 from vrt._wire import messages as m
 
 log = logging.getLogger("vrt.server")
@@ -93,13 +94,22 @@ class Node:
     """This process's place among the nodes that share ``store``."""
 
     def __init__(
-        self, store: Store, name: str, *, resume_window: float, lease: float | None = None
+        self,
+        store: Store,
+        name: str,
+        *,
+        resume_window: float,
+        lease: float | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.store = store
         self.name = name
         self.lease = LEASE if lease is None else lease
+        self.trust = trust or Trust()
+        """This node's relay key: the proofs it makes and checks (:mod:`.trust`)."""
         self.address = ""
-        """Where other nodes relay resumes to (``host:port``), once serving."""
+        """Where and how other nodes relay resumes to it, once serving: the text of an
+        :class:`~vrt._cluster.trust.Endpoint` (its lease holds it)."""
         self.resume_window = resume_window
         self.sessions: set[str] = set()
         """The sessions this node owns (their records are kept from expiring)."""

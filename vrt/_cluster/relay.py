@@ -12,6 +12,10 @@ which resumes, and lands wherever the load balancer sends it.
 One exception: an owner that hands the session over before its first frame (the session
 was idle: nothing to relay) closes with 1012 before its ``welcome``; the front then adopts
 the session itself, on the client's connection, which never notices (:class:`Parked`).
+
+The owner honours ``x-vrt-relay`` only with its proof (:mod:`.trust`), and takes relays on
+a port of its own, which serves nothing else; with TLS (the owner has a certificate) the
+relay is ``wss://``, and the certificate must be the one the owner's lease names.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, wrap_client_stream
 
+from vrt._cluster.trust import Endpoint
+from vrt._net.tls import pin_of, pinning_context
 from vrt._net.upgrade import RELAY_HEADER, HandshakeRequest
 
 log = logging.getLogger("vrt.server")
@@ -64,21 +70,24 @@ class Relayed:
 
 async def relay(
     client: Any,
-    address: str,
+    owner_at: Endpoint,
     request: HandshakeRequest | None,
     hello: str,
-    front: str,
+    proof: str,
     *,
     max_message_size: int,
 ) -> Parked | Relayed:
-    """Carry the client's connection ``client`` to the owner at ``address`` (``host:port``)
-    with the resume ``hello`` (its JSON text). :class:`Unreachable` if the owner cannot be
-    reached; :class:`Parked` if it handed the session over instead of welcoming it.
+    """Carry the client's connection ``client`` to the owner at ``owner_at`` with the
+    resume ``hello`` (its JSON text), the upgrade proved by ``proof`` (the
+    ``x-vrt-relay`` value, :meth:`Trust.prove <vrt._cluster.trust.Trust.prove>`, made for
+    the path of ``request``). :class:`Unreachable` if the owner cannot be reached, or its
+    certificate is not the one its lease names; :class:`Parked` if it handed the session
+    over instead of welcoming it.
 
     Cancelled, the relay ends: both connections are left for their owners to close.
     """
-    host, _, port = address.rpartition(":")
-    headers = [(RELAY_HEADER.encode(), front.encode())]
+    address = f"{owner_at.host}:{owner_at.port}"
+    headers = [(RELAY_HEADER.encode(), proof.encode("ascii"))]
     path = "/"
     if request is not None:
         path = request.path or "/"
@@ -89,41 +98,60 @@ async def relay(
         ]
     try:
         with trio.fail_after(CONNECT_TIMEOUT):
-            tcp = await trio.open_tcp_stream(host.strip("[]"), int(port))
+            tcp = await trio.open_tcp_stream(owner_at.host, owner_at.port)
     except (OSError, trio.TooSlowError) as exc:
         raise Unreachable(f"the owner at {address} cannot be reached: {exc!r}") from None
-    # The TCP stream is ours to close: trio-websocket's client leaves it open when the
-    # other side ends the connection first.
-    async with tcp, trio.open_nursery() as nursery:
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream] = tcp
+    if owner_at.pin is not None:
+        stream = trio.SSLStream(tcp, pinning_context(), server_hostname=None)
+    # The stream is ours to close: trio-websocket's client leaves it open when the other
+    # side ends the connection first. Unreachable is raised once out of the nursery (in
+    # it, Trio would wrap it in an ExceptionGroup, which the caller would not catch).
+    failed: str | None = None
+    async with stream, trio.open_nursery() as nursery:
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
-                owner = await wrap_client_stream(
-                    nursery,
-                    tcp,
-                    host.strip("[]"),
-                    path,
-                    extra_headers=headers,
-                    max_message_size=max_message_size,
-                )
-                await owner.send_message(hello)
-                first = await owner.get_message()
+                if isinstance(stream, trio.SSLStream):
+                    await stream.do_handshake()
+                    if pin_of(stream) != owner_at.pin:
+                        failed = "presents another certificate than its lease names"
+                if failed is None:
+                    owner = await wrap_client_stream(
+                        nursery,
+                        stream,
+                        owner_at.host,
+                        path,
+                        extra_headers=headers,
+                        max_message_size=max_message_size,
+                    )
+                    await owner.send_message(hello)
+                    first = await owner.get_message()
         except ConnectionClosed as exc:
             nursery.cancel_scope.cancel()
             code = exc.reason.code if exc.reason is not None else None
             if code == HANDOVER_CLOSE:
                 return Parked()
-            raise Unreachable(f"the owner closed the relay ({code})") from None
-        except (OSError, trio.TooSlowError, HandshakeError, ConnectionRejected) as exc:
+            failed = f"closed the relay ({code})"
+        except (
+            OSError,
+            trio.TooSlowError,
+            trio.BrokenResourceError,
+            HandshakeError,
+            ConnectionRejected,
+        ) as exc:
+            failed = f"did not take the relay: {exc!r}"
+        if failed is not None:
             nursery.cancel_scope.cancel()
-            raise Unreachable(f"the owner at {address} did not take the relay: {exc!r}") from None
-        try:
-            await client.send_message(first)
-        except ConnectionClosed:
-            await _close(owner, 1000)
+        else:
+            try:
+                await client.send_message(first)
+            except ConnectionClosed:
+                await _close(owner, 1000)
+            else:
+                await _pipe(client, owner)
             nursery.cancel_scope.cancel()
-            return Relayed()
-        await _pipe(client, owner)
-        nursery.cancel_scope.cancel()
+    if failed is not None:
+        raise Unreachable(f"the owner at {address} {failed}")
     return Relayed()
 
 

@@ -11,6 +11,7 @@ take a session it runs now, and host an adopted one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ import trio
 
 from vrt._cluster.node import Adopt, Here, Node, RelayTo
 from vrt._cluster.relay import Parked, Unreachable, relay
+from vrt._cluster.trust import Endpoint
 from vrt._net.upgrade import HandshakeRequest
 from vrt._wire import codec
 from vrt._wire import messages as m
@@ -45,6 +47,7 @@ async def resume_elsewhere(
     principal: Any,
     request: HandshakeRequest | None,
     *,
+    client: str,
     here: Callable[[], A | None],
     adopt: Callable[[Adopt], Awaitable[A | None]],
     max_message_size: int,
@@ -53,8 +56,9 @@ async def resume_elsewhere(
     the session adopted here (``adopt``'s, resumed), :data:`RELAYED` once a relay to its
     owner ended, or None (refused: unknown, expired, another token or principal, or its
     client's lastSeq does not fit). ``here`` takes the session if it runs here by now
-    (another connection adopted it meanwhile). :class:`~vrt._cluster.store.StoreError`
-    if the store fails."""
+    (another connection adopted it meanwhile); ``client`` is the client's address, which
+    a relay's proof vouches for. :class:`~vrt._cluster.store.StoreError` if the store
+    fails."""
     assert hello.resume is not None
     session_id = hello.resume.session_id
     for _ in range(ATTEMPTS):  # a relay that finds the owner gone or parking: look again
@@ -82,12 +86,31 @@ async def resume_elsewhere(
         assert isinstance(found, RelayTo)
         node.relayed.add(ws)
         try:
+            owner_at = _endpoint(found)
+            proof = node.trust.prove(
+                owner_at,
+                owner_name=found.owner,
+                front=node.name,
+                session_id=session_id,
+                client=client,
+                path=(request.path if request is not None else "") or "/",
+                now=time.time(),
+            )
+            if proof is None:
+                log.warning(
+                    "session %s: cannot prove a relay to node %s: it publishes no relay key "
+                    "and this node has no cluster secret (give every node the same "
+                    "--cluster-secret, or none)",
+                    session_id,
+                    found.owner,
+                )
+                raise Unreachable("no key to prove the relay with")
             outcome = await relay(
                 ws,
-                found.address,
+                owner_at,
                 request,
                 codec.encode(hello),
-                node.name,
+                proof,
                 max_message_size=max_message_size,
             )
         except Unreachable as exc:
@@ -100,3 +123,13 @@ async def resume_elsewhere(
             continue
         return RELAYED
     return None
+
+
+def _endpoint(found: RelayTo) -> Endpoint:
+    """Where ``found``'s owner takes relays; :class:`Unreachable` if its lease says it in
+    a way this version does not read."""
+    try:
+        return Endpoint.parse(found.address)
+    except ValueError as exc:
+        log.warning("node %s: its lease is no relay address this node reads (%s)", found.owner, exc)
+        raise Unreachable(str(exc)) from None

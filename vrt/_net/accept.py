@@ -12,7 +12,6 @@ handshake the moment the peer leaves.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import math
 import socket
@@ -24,6 +23,7 @@ from typing import Any, NoReturn
 import trio
 
 from vrt._engine import telemetry
+from vrt._net.proxied import Networks, ProxyHeader, address_key, read_proxy_header, trusts
 
 log = logging.getLogger("vrt.server")
 
@@ -46,12 +46,16 @@ class GuardedStream(trio.abc.HalfCloseableStream):
     ) -> None:
         self.stream = stream
         """The TCP stream: its socket gives the peer's address, and :meth:`abort` resets it."""
-        self.tls: trio.SSLStream[trio.SocketStream] | None = None
+        self.tls: trio.SSLStream[trio.abc.Stream] | None = None
         """With ``ssl_context`` (a server's): TLS over :attr:`stream`, which every read and
         write then goes through (:meth:`start_tls` first)."""
+        self._ssl_context = ssl_context
         if ssl_context is not None:
             self.tls = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
         self._io: trio.abc.Stream = stream if self.tls is None else self.tls
+        self.client: tuple[str, int] | None = None
+        """The client's address and port as a trusted proxy's PROXY header gave them
+        (:meth:`proxy_header`): who the connection is from, in its ``repr`` too."""
         self.on_close: Callable[[], object] | None = None
         self.gone = False
         """The peer closed, or the connection broke."""
@@ -60,7 +64,11 @@ class GuardedStream(trio.abc.HalfCloseableStream):
 
     def __repr__(self) -> str:
         # trio-websocket names a stream it cannot read an address from by its repr (a
-        # refused upgrade is logged with it): the peer's address, as for a plain socket.
+        # refused upgrade is logged with it, and it is HandshakeRequest.remote): the
+        # peer's address, as for a plain socket (the client's, from a PROXY header).
+        if self.client is not None:
+            host, port = self.client
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             host, port, *_ = self.stream.socket.getpeername()
         except (OSError, ValueError):
@@ -82,6 +90,33 @@ class GuardedStream(trio.abc.HalfCloseableStream):
             self._left()
             return False
         return True
+
+    async def proxy_header(self) -> ProxyHeader | None:
+        """The PROXY protocol v2 header the connection starts with (a trusted proxy's),
+        read before TLS: its client becomes :attr:`client`. None if it starts otherwise
+        (what was read is read again, by TLS or HTTP). ProxyHeaderError if it is
+        malformed, or the peer leaves within it (which counts as the peer leaving). The
+        caller bounds it in time, like the upgrade."""
+        try:
+            header, rest = await read_proxy_header(self.stream)
+        except ValueError:
+            self._left()
+            raise
+        if header is not None and header.host is not None:
+            self.client = (header.host, header.port)
+        if rest:
+            if self.tls is None:
+                self.unread(rest)
+            else:  # below TLS: the bytes were the start of its ClientHello
+                assert self._ssl_context is not None
+                self.tls = trio.SSLStream(
+                    _Rewound(self.stream, rest),
+                    self._ssl_context,
+                    server_side=True,
+                    https_compatible=True,
+                )
+                self._io = self.tls
+        return header
 
     def unread(self, data: bytes) -> None:
         """Put ``data`` back: the next read returns it first (the HTTP front read a
@@ -134,22 +169,45 @@ class GuardedStream(trio.abc.HalfCloseableStream):
         abort(self.stream)
 
 
+class _Rewound(trio.abc.Stream):
+    """A TCP stream whose first reads return ``data`` (bytes read off it already, that
+    TLS must see): what a trusted proxy's connection without a PROXY header is read
+    through."""
+
+    def __init__(self, stream: trio.SocketStream, data: bytes) -> None:
+        self.stream = stream
+        self._data = data
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._data:
+            size = len(self._data) if max_bytes is None else max_bytes
+            data, self._data = self._data[:size], self._data[size:]
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def peer_host(stream: trio.SocketStream) -> str:
+    """The IP address a connection comes from (``unknown`` once it is closed)."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except OSError:
+        return "unknown"
+
+
 def peer_address(stream: trio.SocketStream) -> str:
     """Who a connection counts against in ``max_pending_per_peer``: its IP address, or for
     IPv6 its /64 network (what one host is usually given)."""
-    try:
-        host = str(stream.socket.getpeername()[0])
-    except OSError:
-        return "unknown"
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return host
+    return address_key(peer_host(stream))
 
 
 def abort(stream: trio.SocketStream) -> None:
@@ -194,12 +252,22 @@ class Pending:
     given to :meth:`guard`; an eviction cancels the one running, or the next one at once.
     """
 
-    __slots__ = ("address", "evicted", "scope")
+    __slots__ = ("address", "evicted", "pool", "proxy", "scope")
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, pool: Accepting | None = None, *, proxy: bool = False) -> None:
         self.address = address
+        self.pool = pool
+        """The pool it is counted in (:meth:`done` tells it)."""
+        self.proxy = proxy
+        """From a trusted proxy: counted by the client it names once that is known
+        (:meth:`Accepting.rekey`), not by the proxy's address."""
         self.evicted = False
         self.scope: trio.CancelScope | None = None
+
+    def done(self) -> None:
+        """Its handshake finished, or it ended (again: nothing)."""
+        if self.pool is not None:
+            self.pool.done(self)
 
     def guard(self, scope: trio.CancelScope) -> None:
         """``scope`` bounds the handshake's current phase: an eviction cancels it."""
@@ -224,9 +292,13 @@ class Accepting:
     lock everyone out (probe a01).
     """
 
-    def __init__(self, limit: int, per_peer: int | None = None) -> None:
+    def __init__(self, limit: int, per_peer: int | None = None, *, trusted: Networks = ()) -> None:
         self.limit = limit
         self.per_peer = limit if per_peer is None else min(per_peer, limit)
+        self.trusted = trusted
+        """The networks of trusted proxies (``trusted_proxies``): a connection from one
+        is counted by the client it names (:meth:`rekey`), and until then in the pool
+        only, not in its proxy's share."""
         self._oldest_first: dict[Pending, None] = {}
         self._by_address: dict[str, dict[Pending, None]] = {}
         self.evicted = 0
@@ -238,25 +310,51 @@ class Accepting:
         """Connections in their handshake now."""
         return len(self._oldest_first)
 
-    def admit(self, address: str) -> Pending:
+    def admit(self, address: str, *, proxy: bool = False) -> Pending:
         """Count a new connection from ``address``, closing the longest-waiting one to make
-        room if the pool (or the address's share of it) is full."""
+        room if the pool (or the address's share of it) is full. ``proxy``: from a trusted
+        proxy, whose share is not counted (its clients' are, once :meth:`rekey` names
+        them)."""
         same = self._by_address.get(address)
-        if same is not None and len(same) >= self.per_peer:
-            option = "max_pending_per_peer" if self.per_peer < self.limit else None
-            self._evict(next(iter(same)), option or "max_pending_connections", len(same))
+        if not proxy and same is not None and len(same) >= self.per_peer:
+            self._evict_same(same)
         elif len(self._oldest_first) >= self.limit:
             self._evict(next(iter(self._oldest_first)), "max_pending_connections", self.limit)
-        entry = Pending(address)
+        entry = Pending(address, self, proxy=proxy)
         self._oldest_first[entry] = None
         self._by_address.setdefault(address, {})[entry] = None
         return entry
+
+    def admit_stream(self, stream: trio.SocketStream) -> Pending:
+        """:meth:`admit` a connection by its peer's address."""
+        return self.admit(peer_address(stream), proxy=trusts(self.trusted, peer_host(stream)))
+
+    def rekey(self, entry: Pending, address: str) -> None:
+        """Count ``entry`` (from a trusted proxy) as from ``address`` now, the client the
+        proxy named: if that address is at its share, its longest-waiting connection is
+        closed to make room."""
+        if entry not in self._oldest_first or entry.address == address:
+            return
+        self._forget(entry)
+        same = self._by_address.get(address)
+        if same is not None and len(same) >= self.per_peer:
+            self._evict_same(same)
+        entry.address = address
+        self._by_address.setdefault(address, {})[entry] = None
+
+    def _evict_same(self, same: dict[Pending, None]) -> None:
+        option = "max_pending_per_peer" if self.per_peer < self.limit else None
+        self._evict(next(iter(same)), option or "max_pending_connections", len(same))
 
     def done(self, entry: Pending) -> None:
         """``entry`` finished its handshake, or ended (again: nothing)."""
         if entry not in self._oldest_first:
             return
         del self._oldest_first[entry]
+        self._forget(entry)
+
+    def _forget(self, entry: Pending) -> None:
+        """``entry`` out of its address's share (not out of the pool)."""
         same = self._by_address[entry.address]
         del same[entry]
         if not same:
@@ -298,4 +396,4 @@ async def accept_loop(
             )
             await trio.sleep(_RETRY_AFTER)
             continue
-        nursery.start_soon(handle, stream, accepting.admit(peer_address(stream)))
+        nursery.start_soon(handle, stream, accepting.admit_stream(stream))

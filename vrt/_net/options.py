@@ -20,11 +20,12 @@ import difflib
 import inspect
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
 from vrt._net import metrics as metrics_page
+from vrt._net.proxied import Networks, networks, read_networks
 from vrt._wire import messages as m
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
@@ -147,6 +148,8 @@ class Flag:
     """The flag (default: ``--`` and the option's name with dashes)."""
     metavar: str | None = None
     repeat: bool = False
+    env: str | None = None
+    """An environment variable the flag's value is read from when the flag is not given."""
 
 
 @attrs.frozen(kw_only=True)
@@ -163,6 +166,9 @@ class About:
     """Its ``vrt serve`` flag, if it has one."""
     serve_only: bool = False
     """Taken by ``vrt.serve`` only, not ``vrt.asgi.app`` (whose ASGI server does that job)."""
+    secret: bool = False
+    """A secret: in no ``repr``, and never on a worker's command line (``ps`` shows those:
+    workers get it through the flag's environment variable)."""
 
     def flag_name(self, name: str) -> str:
         """The flag of option ``name`` (it must have one)."""
@@ -178,13 +184,20 @@ def option(
     rule: Rule | None = None,
     flag: Flag | None = None,
     serve_only: bool = False,
+    secret: bool = False,
 ) -> Any:
     """The attrs field of one option (``name: type = option(default, ...)`` in a record)."""
     assert group in GROUPS, group
+    assert not secret or flag is None or flag.env, "a secret flag is passed on in its env"
     about = About(
-        doc=inspect.cleandoc(doc), group=group, rule=rule, flag=flag, serve_only=serve_only
+        doc=inspect.cleandoc(doc),
+        group=group,
+        rule=rule,
+        flag=flag,
+        serve_only=serve_only,
+        secret=secret,
     )
-    return attrs.field(default=default, metadata={_KEY: about})
+    return attrs.field(default=default, metadata={_KEY: about}, repr=not secret)
 
 
 def about(field: attrs.Attribute[Any]) -> About:
@@ -294,6 +307,29 @@ class Options:
         refused (403): browsers send it, so a page elsewhere cannot use a user's cookies to
         open a session. Requests without ``Origin`` (not a browser) pass.""",
     )
+    trusted_proxies: Collection[str] | None = option(
+        None,
+        group="safety",
+        rule=Rule(networks, read_networks),
+        flag=Flag(
+            metavar="CIDR",
+            repeat=True,
+            help="count clients by the address these proxies forward (X-Forwarded-For, "
+            "PROXY v2); CIDRs, comma-separated or repeated (default: none)",
+        ),
+        doc="""The networks of the proxies in front of this server (load balancers), as CIDR
+        text (``["10.0.0.0/8", "fd00::/8"]``, or one string with commas): their word on
+        who the client is is taken. A connection from one of them counts, in
+        ``max_pending_per_peer``, ``max_sessions_per_peer`` and the logs, as the client
+        the proxy names: the rightmost address of ``X-Forwarded-For`` that is not a trusted
+        proxy; or, with ``vrt.serve``, the source of the PROXY protocol v2 header the proxy
+        sends before TLS or HTTP (HAProxy's ``send-proxy-v2``; read within
+        ``handshake_timeout``, 1 KiB at most, optional), which then is also
+        ``HandshakeRequest.remote``. A connection from anywhere else counts by its own
+        address, whatever it sends. Default: none (every connection counts by its own
+        address). With ``vrt.asgi.app``: ``X-Forwarded-For``, from the client address the
+        ASGI server reports.""",
+    )
     handshake_timeout: float = option(
         10.0,
         group="safety",
@@ -323,8 +359,9 @@ class Options:
         serve_only=True,
         flag=Flag(help="connections in their handshake per IP (/64)"),
         doc="""Of ``max_pending_connections``, those from one IP address (an IPv6 /64).
-        Behind a reverse proxy every connection has the proxy's address: raise it to
-        ``max_pending_connections`` there.""",
+        Behind a reverse proxy every connection has the proxy's address: name the proxy in
+        ``trusted_proxies`` (the share is then the client's it forwards), or raise this to
+        ``max_pending_connections``.""",
     )
     max_sessions: int = option(
         1000,
@@ -341,7 +378,8 @@ class Options:
         rule=COUNT,
         flag=Flag(help="sessions per principal or IP"),
         doc="""The same as ``max_sessions``, per principal (what ``authenticate`` returns)
-        or, without one, per remote IP address.""",
+        or, without one, per remote IP address (behind a proxy named in
+        ``trusted_proxies``: the client's it forwards).""",
     )
     first_turn_timeout: float = option(
         300.0,
@@ -441,6 +479,11 @@ class Options:
         (``trio-vrt[metrics]``; ``vrt serve --metrics`` installs both). ValueError if
         ``prometheus_client`` is missing.""",
     )
+
+    @property
+    def proxies(self) -> Networks:
+        """``trusted_proxies`` as its rule keeps it: the networks (none by default)."""
+        return cast("Networks", self.trusted_proxies or ())
 
     @property
     def high_water(self) -> int:

@@ -10,6 +10,8 @@ DEBUG, as a peer's fault).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import ssl
 
 
@@ -58,11 +60,49 @@ def load_server_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     return context
 
 
+def certificate_pin(server: ssl.SSLContext) -> str:
+    """The SHA-256 (hex) of the certificate ``server`` presents: what a node publishes in
+    its lease, so that the nodes relaying to it check that very certificate
+    (:func:`pin_of`). ValueError if a handshake in memory shows none."""
+    _, client_side = _handshake(server)
+    der = client_side.getpeercert(binary_form=True)
+    if der is None:
+        raise ValueError("ssl_context presents no certificate")
+    return hashlib.sha256(der).hexdigest()
+
+
+def pin_of(stream: ssl.SSLObject | ssl.SSLSocket | object) -> str | None:
+    """The SHA-256 (hex) of the certificate the other side of a TLS connection presented
+    (a ``trio.SSLStream`` after its handshake), or None."""
+    getpeercert = getattr(stream, "getpeercert", None)
+    der = getpeercert(binary_form=True) if getpeercert is not None else None
+    return hashlib.sha256(der).hexdigest() if der else None
+
+
+@functools.cache
+def pinning_context() -> ssl.SSLContext:
+    """The client context of a relay to a node with TLS: no CA, no name checked, because
+    the certificate is checked against the one the node published (:func:`pin_of`):
+    nodes reach each other at addresses a certificate rarely names, with certificates a
+    private CA or nobody signed."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
 def _trial_handshake(server: ssl.SSLContext) -> str | None:
     """Run a TLS handshake in memory against ``server`` (a client that checks nothing): the
     server side's error reason, or None if it got as far as it could without the network.
     Only NO_SHARED_CIPHER (no certificate) is taken as the context's fault: a server that
     asks for client certificates fails this client too, rightly."""
+    return _handshake(server)[0]
+
+
+def _handshake(server: ssl.SSLContext) -> tuple[str | None, ssl.SSLObject]:
+    """A TLS handshake in memory against ``server``: the server side's error reason (or
+    None), and the client side (which has the server's certificate, if it got that far)."""
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     client.check_hostname = False
     client.verify_mode = ssl.CERT_NONE
@@ -76,5 +116,5 @@ def _trial_handshake(server: ssl.SSLContext) -> str | None:
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 pass
             except ssl.SSLError as exc:
-                return exc.reason if is_server else None
-    return None
+                return (exc.reason if is_server else None), client_side
+    return None, client_side

@@ -29,8 +29,8 @@ from vrt._net.web import front
 log = logging.getLogger("vrt.server")
 
 RELAY_HEADER = "x-vrt-relay"
-"""The header a node adds to a resume it relays to the node running the session (the
-relaying node's name): :mod:`vrt._cluster.relay`."""
+"""The header a node adds to a resume it relays to the node running the session: its
+proof that it is a node (:mod:`vrt._cluster.trust`), without which it means nothing."""
 HELLO_LIMIT = 64 * 1024
 """The largest frame a connection may send before its ``hello`` is accepted (a hello with a
 hundred small app tools fits): a connection still in its handshake holds at most this much."""
@@ -45,7 +45,9 @@ class HandshakeRequest:
     headers: tuple[tuple[str, str], ...]
     """Every header as ``(name, value)``, names lower-case, in the order sent."""
     remote: str
-    """The peer's address as ``host:port`` (behind a proxy: the proxy's)."""
+    """The peer's address as ``host:port``: behind a proxy the proxy's, unless it is a
+    trusted proxy (``trusted_proxies``) that sent a PROXY protocol header: the client's
+    it names. (``X-Forwarded-For`` is among :attr:`headers`.)"""
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (any case), or None."""
@@ -68,51 +70,78 @@ Authenticate = Callable[[HandshakeRequest], Awaitable[Any]]
 
 
 class Front(Protocol):
-    """What the HTTP front asks of its server: whether it is draining (``handover-v1``),
-    and whether its store is out of reach (``GET /healthz``)."""
+    """What the upgrade asks of its server: whether it is draining (``handover-v1``),
+    whether its store is out of reach (``GET /healthz``), and what a relayed upgrade's
+    proof proves (None: nothing, the header means nothing)."""
 
     draining: bool
 
     @property
     def store_unreachable(self) -> bool: ...
 
+    def relay_of(self, handshake: HandshakeRequest) -> object | None: ...
+
+
+@attrs.frozen(kw_only=True)
+class Upgraded:
+    """A connection past its upgrade: what :func:`upgrade` returns."""
+
+    ws: WebSocketConnection
+    principal: Any
+    request: HandshakeRequest
+    relay: Any = None
+    """What the server's ``relay_of`` said the upgrade proves (None: a plain client's)."""
+
 
 async def upgrade(
-    nursery: trio.Nursery, stream: GuardedStream, options: Options, server: Front | None = None
-) -> tuple[WebSocketConnection, Any, HandshakeRequest] | None:
-    """Read and check the upgrade request on ``stream``; the connection, the principal and
-    the request once it is accepted, None once it is refused (an HTTP status was sent) or
-    the peer left.
+    nursery: trio.Nursery,
+    stream: GuardedStream,
+    options: Options,
+    server: Front | None = None,
+    *,
+    relay_only: bool = False,
+) -> Upgraded | None:
+    """Read and check the upgrade request on ``stream``: the connection once it is
+    accepted, None once it is refused (an HTTP status was sent) or the peer left.
 
     trio-websocket's reader runs in ``nursery`` for the connection's whole life. A plain
     HTTP request is answered by the front first (the browser client's files, ``/healthz``,
     or 404): None then too. While ``server`` drains, an upgrade that is not a relay from
-    another node is refused with 503 (the client tries again, and the load balancer,
-    whose health check now fails, sends it elsewhere).
+    another node (with its proof) is refused with 503 (the client tries again, and the
+    load balancer, whose health check now fails, sends it elsewhere). ``relay_only`` (the
+    port other nodes relay to): nothing but relays, with their proof; anything else is
+    refused (403, or for a plain HTTP request whatever trio-websocket answers).
     """
     draining = server is not None and server.draining
-    try:
-        unreachable = server is not None and server.store_unreachable
-        if await front(
-            stream,
-            demo=options.web_demo,
-            draining=draining,
-            store_unreachable=unreachable,
-            metrics=options.metrics,
-        ):
+    if not relay_only:
+        try:
+            unreachable = server is not None and server.store_unreachable
+            if await front(
+                stream,
+                demo=options.web_demo,
+                draining=draining,
+                store_unreachable=unreachable,
+                metrics=options.metrics,
+            ):
+                return None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return None
     limit = min(HELLO_LIMIT, options.max_message_size)
     request = await wrap_server_stream(nursery, stream, max_message_size=limit)
-    admitted, principal, handshake = await check_upgrade(options, request, draining=draining)
-    if not admitted:
+    handshake = handshake_of(request)
+    relay = server.relay_of(handshake) if server is not None else None
+    verdict = await decide(
+        options, handshake, draining=draining, relayed=relay is not None, relay_only=relay_only
+    )
+    if isinstance(verdict, Refused):
+        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
+            await request.reject(verdict.status, body=verdict.body)
         return None
     try:
         ws = await request.accept()
     except ConnectionClosed:
         return None
-    return ws, principal, handshake
+    return Upgraded(ws=ws, principal=verdict.principal, request=handshake, relay=relay)
 
 
 def open_to_messages(ws: Any, max_message_size: int) -> None:
@@ -143,16 +172,25 @@ class Refused:
 
 
 async def decide(
-    options: Options, handshake: HandshakeRequest, *, draining: bool = False
+    options: Options,
+    handshake: HandshakeRequest,
+    *,
+    draining: bool = False,
+    relayed: bool = False,
+    relay_only: bool = False,
 ) -> Admitted | Refused:
     """Whether the upgrade ``handshake`` may go on (draining, origin, ``authenticate``):
     the one decision of ``vrt.serve``'s upgrade and ``vrt.asgi``'s, which only answer it.
+    ``relayed``: another node relays it, and proved it is a node (a draining server takes
+    it); ``relay_only``: the port of relays, which takes nothing else (403).
 
     A refusal is logged at INFO; an ``authenticate`` that raises anything but
     :class:`Refuse` is a bug of the hook, logged with its traceback and answered 500 (the
     peer learns nothing more)."""
     try:
-        if draining and handshake.header(RELAY_HEADER) is None:
+        if relay_only and not relayed:
+            raise Refuse(403, "not a relay")
+        if draining and not relayed:
             raise Refuse(503, "draining")
         origin = handshake.header("origin")
         if options.allowed_origins is not None and origin is not None:
@@ -174,23 +212,14 @@ async def decide(
     return Admitted(principal=principal)
 
 
-async def check_upgrade(
-    options: Options, request: WebSocketRequest, *, draining: bool = False
-) -> tuple[bool, Any, HandshakeRequest]:
-    """Check trio-websocket's upgrade request (:func:`decide`): ``(True, principal,
-    request)``, or ``(False, None, request)`` once it is refused with an HTTP status."""
+def handshake_of(request: WebSocketRequest) -> HandshakeRequest:
+    """What ``authenticate`` sees of trio-websocket's upgrade request."""
     headers = tuple(
         (key.decode("latin-1").lower(), value.decode("latin-1")) for key, value in request.headers
     )
     remote = request.remote
-    handshake = HandshakeRequest(
+    return HandshakeRequest(
         path=request.path,
         headers=headers,
         remote=str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}",
     )
-    verdict = await decide(options, handshake, draining=draining)
-    if isinstance(verdict, Refused):
-        with contextlib.suppress(ConnectionClosed, trio.BrokenResourceError):
-            await request.reject(verdict.status, body=verdict.body)
-        return False, None, handshake
-    return True, verdict.principal, handshake

@@ -161,6 +161,7 @@ class SessionActor:
         """Host the session until it closes or expires: one task and one nursery, which its
         turns share (the fewer per session, the more sessions fit: bench/load.py)."""
         keeper = self.keeper
+        started = False
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -171,6 +172,7 @@ class SessionActor:
                         self.proto.ack_limit = self.proto.received_seq if self.restored else 0
                 try:
                     task_status.started()
+                    started = True
                     await self._expiry()
                 finally:
                     if self.movement.state in LET_GO:
@@ -183,6 +185,10 @@ class SessionActor:
                 self.proto.error(m.INTERNAL, "internal server error")
                 self.proto.close("server")
         finally:
+            if not started:
+                # Closed while its keeper started (a newer session of its peer needed its
+                # place, :meth:`Hub._make_room`): the hub's start returns all the same.
+                task_status.started()
             self.hub.closed(self)
             if self.proto.in_session:  # cancelled: the server shuts down
                 self.proto.close("shutdown")

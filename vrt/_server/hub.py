@@ -14,6 +14,7 @@ import hmac
 import logging
 import secrets
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,10 +26,12 @@ from vrt._cluster.node import Adopt, Node
 from vrt._cluster.relay import HANDOVER_CLOSE
 from vrt._cluster.resume import Relayed, resume_elsewhere
 from vrt._cluster.store import StoreError
+from vrt._cluster.trust import Proven
 from vrt._engine import telemetry
 from vrt._engine.agent import Agent
-from vrt._net.accept import Accepting, GuardedStream, Pending, peer_address
+from vrt._net.accept import Accepting, GuardedStream, Pending, peer_host
 from vrt._net.options import Options
+from vrt._net.proxied import ProxyHeaderError, address_key, forwarded_client
 from vrt._net.pumps import AckTimer
 from vrt._net.upgrade import RELAY_HEADER, HandshakeRequest, open_to_messages, upgrade
 from vrt._server.actor import SessionActor
@@ -69,7 +72,9 @@ class Hub:
         self.options = options
         self.nursery = nursery
         self.accepting = accepting or Accepting(
-            options.max_pending_connections, options.max_pending_per_peer
+            options.max_pending_connections,
+            options.max_pending_per_peer,
+            trusted=options.proxies,
         )
         self.sessions: dict[str, SessionActor] = {}
         self.by_peer: dict[Any, int] = {}
@@ -90,23 +95,28 @@ class Hub:
         pending: Pending | None = None,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        relay_only: bool = False,
     ) -> None:
-        """Serve one accepted TCP connection, counted in :attr:`accepting` as ``pending``:
-        its TLS handshake (with ``ssl_context``), its upgrade and its ``hello`` within
-        ``handshake_timeout`` of the accept, then its session.
+        """Serve one accepted TCP connection, counted in its pool as ``pending``: a
+        trusted proxy's PROXY header, its TLS handshake (with ``ssl_context``), its upgrade
+        and its ``hello`` within ``handshake_timeout`` of the accept, then its session.
+        ``relay_only``: a connection to the port other nodes relay to, which serves their
+        relays (with their proof) and nothing else.
 
         A peer that leaves before the upgrade is done is forgotten at once; one that is too
         slow is cut off (its socket reset) at the deadline, or sooner if the pool of
         handshakes needs its place (:class:`~vrt._net.accept.Accepting`).
         """
         if pending is None:
-            pending = self.accepting.admit(peer_address(stream))
+            pending = self.accepting.admit_stream(stream)
         guarded = GuardedStream(stream, ssl_context)
         deadline = trio.current_time() + self.options.handshake_timeout
         late = False
+        client = peer_host(stream)
+        """Who the connection is from: its peer, or the client a trusted proxy names."""
 
         def handshake_done() -> None:
-            self.accepting.done(pending)
+            pending.done()
 
         try:
             async with trio.open_nursery() as nursery:  # trio-websocket's reader task
@@ -114,22 +124,41 @@ class Hub:
                 with trio.move_on_at(deadline) as scope:
                     pending.guard(scope)
                     guarded.on_close = scope.cancel
-                    if await guarded.start_tls():  # False: the peer is gone
-                        upgraded = await upgrade(nursery, guarded, self.options, self)
+                    proxied: str | None = client
+                    if pending.proxy and not relay_only:
+                        proxied = await self._proxy_header(guarded, pending, client)
+                    if proxied is not None and await guarded.start_tls():  # else: gone
+                        client = proxied
+                        upgraded = await upgrade(
+                            nursery, guarded, self.options, self, relay_only=relay_only
+                        )
                     guarded.on_close = None
                 late = scope.cancelled_caught and not guarded.gone
                 if upgraded is not None:
-                    ws, principal, request = upgraded
-                    log.info("connection from %s", _remote(stream))
+                    relay = upgraded.relay
+                    request = upgraded.request
+                    if isinstance(relay, Proven):
+                        client = relay.client  # as the relaying node saw it, and vouched
+                    elif pending.proxy and pending.pool is not None:
+                        client = forwarded_client(client, request.headers, self.options.proxies)
+                        pending.pool.rekey(pending, address_key(client))
+                    log.info(
+                        "connection from %s%s",
+                        _remote(stream, guarded, client),
+                        f" (relayed by node {relay.front})" if isinstance(relay, Proven) else "",
+                    )
                     await self.serve_connection(
-                        ws,
-                        principal,
-                        peer=peer_of(principal, _address(stream)),
+                        upgraded.ws,
+                        upgraded.principal,
+                        peer=peer_of(upgraded.principal, client),
+                        client=client,
                         deadline=deadline,
                         stream=guarded,
                         handshake_done=handshake_done,
                         pending=pending,
                         request=request,
+                        relay=relay if isinstance(relay, Proven) else None,
+                        relay_only=relay_only,
                     )
                 elif late:
                     log.debug(
@@ -152,21 +181,60 @@ class Hub:
                 with trio.CancelScope(shield=True):
                     await guarded.aclose()
 
+    async def _proxy_header(
+        self, guarded: GuardedStream, pending: Pending, peer: str
+    ) -> str | None:
+        """A trusted proxy's connection: the client its PROXY v2 header names (counted
+        by that address from now on), or ``peer`` if it sent none; None if the header is
+        malformed or the peer left within it (a DEBUG line: the connection is dropped)."""
+        try:
+            await guarded.proxy_header()
+        except ProxyHeaderError as exc:
+            log.debug("%s: no valid PROXY header (%s)", peer, exc)
+            return None
+        if guarded.client is None:
+            return peer
+        client = guarded.client[0]
+        if pending.pool is not None:
+            pending.pool.rekey(pending, address_key(client))
+        return client
+
+    def relay_of(self, handshake: HandshakeRequest) -> Proven | None:
+        """What the upgrade ``handshake``'s ``x-vrt-relay`` proves: a relay from another
+        node of this store, for one session (:mod:`vrt._cluster.trust`); None without the
+        header, or without a valid proof (then it means nothing: a plain client's)."""
+        value = handshake.header(RELAY_HEADER)
+        if value is None or self.node is None:
+            return None
+        node = self.node
+        proven = node.trust.verify(
+            value, owner_name=node.name, path=handshake.path, now=time.time()
+        )
+        if proven is None:
+            log.info("%s: x-vrt-relay without a valid proof: ignored", handshake.remote)
+        return proven
+
     async def serve_connection(
         self,
         ws: Any,
         principal: Any = None,
         *,
         peer: Any = ("address", "local"),
+        client: str | None = None,
         deadline: float | None = None,
         stream: GuardedStream | None = None,
         handshake_done: Callable[[], None] | None = None,
         pending: Pending | None = None,
         request: HandshakeRequest | None = None,
+        relay: Proven | None = None,
+        relay_only: bool = False,
     ) -> None:
         """Serve one upgraded connection: its ``hello`` (by ``deadline``: by default
         ``handshake_timeout`` from now), then the session it opens or resumes, until the
-        connection ends (or a newer one takes the session over).
+        connection ends (or a newer one takes the session over). ``relay``: another node
+        relays it (proved), for the resume of one session, which its hello must be;
+        ``relay_only``: it must be such a relay. ``client``: the client's address (the
+        peer's, or the client a trusted proxy names), which a relay of it vouches for.
 
         ``ws`` is a trio-websocket connection or anything with its ``get_message``,
         ``send_message`` and ``aclose`` (the memory pair of :mod:`vrt.testing`); ``stream``
@@ -183,7 +251,11 @@ class Hub:
             max_message_size=options.max_message_size,
             replay_limit=options.replay_limit,
             replay_limit_bytes=options.replay_limit_bytes,
-            admit=lambda: self._admits(peer),
+            # A relay never opens a session (nodes relay resumes only): refused as a
+            # session over the limits is.
+            admit=(lambda: False)
+            if relay is not None or relay_only
+            else lambda: self._admits(peer),
         )
         proto.max_frame = options.max_message_size  # what vrt.connect takes by default
         try:
@@ -200,14 +272,35 @@ class Hub:
                 await send_and_close(ws, proto.take_outbox())
                 return
             open_to_messages(ws, options.max_message_size)  # at once: frames may follow
+            if (relay is not None or relay_only) and (
+                relay is None or hello.resume is None or hello.resume.session_id != relay.session_id
+            ):
+                log.info("refused a relayed hello: not the resume its proof is for")
+                telemetry.refused("resume")
+                proto.refuse(m.RESUME_FAILED, "the session cannot be resumed", hello.seq)
+                await send_and_close(ws, proto.take_outbox())
+                return
             if hello.resume is not None:
-                await self._resume_on(ws, hello, proto, principal, peer, request, stream)
+                await self._resume_on(
+                    ws,
+                    hello,
+                    proto,
+                    principal,
+                    peer,
+                    request,
+                    stream,
+                    relayed=relay is not None,
+                    client=client or "unknown",
+                )
                 return
             else:
                 actor = SessionActor(self, proto, hello, principal, peer)
                 self._add(actor)
                 log.info("session %s opened for %s", proto.session_id, _shown(peer))
                 await self.nursery.start(actor.run)
+                if not proto.in_session:  # closed before it started, to make room
+                    await send_and_close(ws, [])
+                    return
             await actor.carry(ws, stream)
         except Exception:  # a bug must cost one connection, never the server
             log.exception("connection failed")
@@ -280,11 +373,15 @@ class Hub:
         peer: Any,
         request: HandshakeRequest | None,
         stream: GuardedStream | None,
+        *,
+        relayed: bool = False,
+        client: str = "unknown",
     ) -> None:
         """Carry the session ``hello`` resumes on ``ws``: here, relayed to the node that
-        runs it, or adopted here from the store (``handover-v1``); or refuse it."""
+        runs it, or adopted here from the store (``handover-v1``); or refuse it.
+        ``relayed``: another node relays the connection (proved); ``client``: the client's
+        address (a relay onwards vouches for it)."""
         assert hello.resume is not None
-        relayed = request is not None and request.header(RELAY_HEADER) is not None
         actor = self._matching(hello, principal)
         if actor is not None:
             keeper = actor.keeper
@@ -314,6 +411,7 @@ class Hub:
                     hello,
                     principal,
                     request,
+                    client=client,
                     here=functools.partial(self._resumed_here, hello, principal),
                     adopt=functools.partial(
                         self._adopt, hello=hello, principal=principal, peer=peer
@@ -485,12 +583,20 @@ def _address(stream: trio.SocketStream) -> str:
         return "unknown"
 
 
-def _remote(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-    except OSError:
-        return "unknown"
-    return f"{host}:{port}"
+def _remote(stream: trio.SocketStream, guarded: GuardedStream, client: str) -> str:
+    """A connection as the log shows it: the client's address and port (a PROXY header's,
+    or the peer's), and the client a trusted proxy names in ``X-Forwarded-For``."""
+    if guarded.client is not None:
+        shown = repr(guarded)
+    else:
+        try:
+            host, port = stream.socket.getpeername()[:2]
+        except OSError:
+            return client
+        shown = f"{host}:{port}"
+        if host != client:
+            shown = f"{client} (through {shown})"
+    return shown
 
 
 def peer_of(principal: Any, address: str) -> tuple[str, Any]:

@@ -28,7 +28,7 @@ class ServerOptions(TypedDict, total=False):
 
     Serving: ``capabilities``, ``web_demo``, ``ssl_context``.
 
-    Safety: ``authenticate``, ``allowed_origins``, ``handshake_timeout``,
+    Safety: ``authenticate``, ``allowed_origins``, ``trusted_proxies``, ``handshake_timeout``,
     ``max_pending_connections``, ``max_pending_per_peer``, ``max_sessions``,
     ``max_sessions_per_peer``, ``first_turn_timeout``, ``resume_window``, ``max_open_calls``,
     ``max_queued_app_calls``, ``max_messages_per_second``, ``replay_limit``, ``replay_limit_bytes``,
@@ -37,7 +37,7 @@ class ServerOptions(TypedDict, total=False):
     Observability: ``capture_content``, ``metrics``.
 
     Serving in production (docs/deploy.md): ``store``, ``node``, ``drain_timeout``, ``relay_host``,
-    ``sockets``.
+    ``cluster_secret``, ``sockets``.
     """
 
     capabilities: Collection[str]
@@ -71,6 +71,21 @@ class ServerOptions(TypedDict, total=False):
     Default: ``None``. Command line: ``vrt serve --allowed-origin``.
     """
 
+    trusted_proxies: Collection[str] | None
+    """The networks of the proxies in front of this server (load balancers), as CIDR text
+    (``["10.0.0.0/8", "fd00::/8"]``, or one string with commas): their word on who the client is is
+    taken. A connection from one of them counts, in ``max_pending_per_peer``,
+    ``max_sessions_per_peer`` and the logs, as the client the proxy names: the rightmost address of
+    ``X-Forwarded-For`` that is not a trusted proxy; or, with ``vrt.serve``, the source of the PROXY
+    protocol v2 header the proxy sends before TLS or HTTP (HAProxy's ``send-proxy-v2``; read within
+    ``handshake_timeout``, 1 KiB at most, optional), which then is also ``HandshakeRequest.remote``.
+    A connection from anywhere else counts by its own address, whatever it sends. Default: none
+    (every connection counts by its own address). With ``vrt.asgi.app``: ``X-Forwarded-For``, from
+    the client address the ASGI server reports.
+
+    Default: ``None``. Command line: ``vrt serve --trusted-proxies``.
+    """
+
     handshake_timeout: float
     """Seconds from the TCP accept to a valid ``hello`` (the HTTP upgrade, ``authenticate`` and the
     hello; with ``ssl_context`` the TLS handshake too); a peer slower than that is cut off.
@@ -90,7 +105,8 @@ class ServerOptions(TypedDict, total=False):
 
     max_pending_per_peer: int
     """Of ``max_pending_connections``, those from one IP address (an IPv6 /64). Behind a reverse
-    proxy every connection has the proxy's address: raise it to ``max_pending_connections`` there.
+    proxy every connection has the proxy's address: name the proxy in ``trusted_proxies`` (the share
+    is then the client's it forwards), or raise this to ``max_pending_connections``.
 
     Default: ``64``. Command line: ``vrt serve --max-pending-per-peer``.
     """
@@ -105,7 +121,7 @@ class ServerOptions(TypedDict, total=False):
 
     max_sessions_per_peer: int
     """The same as ``max_sessions``, per principal (what ``authenticate`` returns) or, without one,
-    per remote IP address.
+    per remote IP address (behind a proxy named in ``trusted_proxies``: the client's it forwards).
 
     Default: ``20``. Command line: ``vrt serve --max-sessions-per-peer``.
     """
@@ -200,9 +216,9 @@ class ServerOptions(TypedDict, total=False):
     part of the connection's handshake: it counts in ``handshake_timeout`` and in the pool of
     pending connections, and a peer that fails it (plain HTTP, garbage, a certificate it refuses) is
     dropped quietly, like a bad upgrade. TypeError if it is not an SSLContext, ValueError if it is a
-    client's or has no certificate. The relays between nodes of a store (``relay_host``) stay plain
-    ``ws://``: they are meant for a private network, like the store's own connection (put them on
-    one, or use ``rediss://`` and a VPN).
+    client's or has no certificate. With a store, the port other nodes relay resumes to
+    (``relay_host``) serves TLS with it too: the nodes relaying there check that the certificate is
+    the one the node published in its lease (its SHA-256), not a CA's signature or a name.
 
     Default: ``None``.
     """
@@ -234,9 +250,23 @@ class ServerOptions(TypedDict, total=False):
 
     relay_host: str | None
     """The address other servers reach this one at for relayed resumes (a port of its own is opened
-    there; default: ``host``, or this machine's address when ``host`` is a wildcard).
+    there; default: ``host``, or this machine's address when ``host`` is a wildcard). That port
+    serves nothing but relays with their proof (see ``cluster_secret``), with TLS when the server
+    has ``ssl_context``, and bounds its pending connections as the public port does.
 
     Default: ``None``. Command line: ``vrt serve --relay-host``.
+    """
+
+    cluster_secret: str | None
+    """A secret of at least 16 characters shared by every node of the store (``vrt serve
+    --cluster-secret``, or ``VRT_CLUSTER_SECRET``): the key nodes prove their relays with
+    (``x-vrt-relay``, an HMAC over the session, the nodes' names, the client's address, the path and
+    the time; a relay without a valid proof is a plain client's, refused on the relay port). By
+    default each node makes a random key and publishes it in its lease in the store: whoever can
+    read the store is a node, which is true anyway. With a secret no key is in the store. Every node
+    must have the same one, or none. Never logged, in no ``repr``.
+
+    Default: ``None``. Command line: ``vrt serve --cluster-secret``.
     """
 
     sockets: Sequence[socket.socket] | None
@@ -258,10 +288,10 @@ class AppOptions(TypedDict, total=False):
 
     Serving: ``capabilities``, ``web_demo``.
 
-    Safety: ``authenticate``, ``allowed_origins``, ``handshake_timeout``, ``max_sessions``,
-    ``max_sessions_per_peer``, ``first_turn_timeout``, ``resume_window``, ``max_open_calls``,
-    ``max_queued_app_calls``, ``max_messages_per_second``, ``replay_limit``, ``replay_limit_bytes``,
-    ``max_message_size``, ``max_history_bytes``.
+    Safety: ``authenticate``, ``allowed_origins``, ``trusted_proxies``, ``handshake_timeout``,
+    ``max_sessions``, ``max_sessions_per_peer``, ``first_turn_timeout``, ``resume_window``,
+    ``max_open_calls``, ``max_queued_app_calls``, ``max_messages_per_second``, ``replay_limit``,
+    ``replay_limit_bytes``, ``max_message_size``, ``max_history_bytes``.
 
     Observability: ``capture_content``, ``metrics``.
     """
@@ -297,6 +327,21 @@ class AppOptions(TypedDict, total=False):
     Default: ``None``. Command line: ``vrt serve --allowed-origin``.
     """
 
+    trusted_proxies: Collection[str] | None
+    """The networks of the proxies in front of this server (load balancers), as CIDR text
+    (``["10.0.0.0/8", "fd00::/8"]``, or one string with commas): their word on who the client is is
+    taken. A connection from one of them counts, in ``max_pending_per_peer``,
+    ``max_sessions_per_peer`` and the logs, as the client the proxy names: the rightmost address of
+    ``X-Forwarded-For`` that is not a trusted proxy; or, with ``vrt.serve``, the source of the PROXY
+    protocol v2 header the proxy sends before TLS or HTTP (HAProxy's ``send-proxy-v2``; read within
+    ``handshake_timeout``, 1 KiB at most, optional), which then is also ``HandshakeRequest.remote``.
+    A connection from anywhere else counts by its own address, whatever it sends. Default: none
+    (every connection counts by its own address). With ``vrt.asgi.app``: ``X-Forwarded-For``, from
+    the client address the ASGI server reports.
+
+    Default: ``None``. Command line: ``vrt serve --trusted-proxies``.
+    """
+
     handshake_timeout: float
     """Seconds from the TCP accept to a valid ``hello`` (the HTTP upgrade, ``authenticate`` and the
     hello; with ``ssl_context`` the TLS handshake too); a peer slower than that is cut off.
@@ -314,7 +359,7 @@ class AppOptions(TypedDict, total=False):
 
     max_sessions_per_peer: int
     """The same as ``max_sessions``, per principal (what ``authenticate`` returns) or, without one,
-    per remote IP address.
+    per remote IP address (behind a proxy named in ``trusted_proxies``: the client's it forwards).
 
     Default: ``20``. Command line: ``vrt serve --max-sessions-per-peer``.
     """

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from vrt._cluster.store import Store
+from vrt._cluster.trust import cluster_secret, read_secret
 from vrt._net.options import (
     SECONDS,
     Flag,
@@ -66,9 +67,10 @@ class ServeOptions:
         in ``handshake_timeout`` and in the pool of pending connections, and a peer that
         fails it (plain HTTP, garbage, a certificate it refuses) is dropped quietly, like a
         bad upgrade. TypeError if it is not an SSLContext, ValueError if it is a client's or
-        has no certificate. The relays between nodes of a store (``relay_host``) stay plain
-        ``ws://``: they are meant for a private network, like the store's own connection
-        (put them on one, or use ``rediss://`` and a VPN).""",
+        has no certificate. With a store, the port other nodes relay resumes to
+        (``relay_host``) serves TLS with it too: the nodes relaying there check that the
+        certificate is the one the node published in its lease (its SHA-256), not a CA's
+        signature or a name.""",
     )
     store: str | Store | None = option(
         None,
@@ -116,7 +118,29 @@ class ServeOptions:
         ),
         doc="""The address other servers reach this one at for relayed resumes (a port of
         its own is opened there; default: ``host``, or this machine's address when ``host``
-        is a wildcard).""",
+        is a wildcard). That port serves nothing but relays with their proof (see
+        ``cluster_secret``), with TLS when the server has ``ssl_context``, and bounds its
+        pending connections as the public port does.""",
+    )
+    cluster_secret: str | None = option(
+        None,
+        group="production",
+        rule=Rule(cluster_secret, read_secret),
+        secret=True,
+        flag=Flag(
+            metavar="SECRET",
+            env="VRT_CLUSTER_SECRET",
+            help="a secret every node shares, to prove relays with (prefer the "
+            "environment variable: ps shows flags; default: a key per node, in the store)",
+        ),
+        doc="""A secret of at least 16 characters shared by every node of the store
+        (``vrt serve --cluster-secret``, or ``VRT_CLUSTER_SECRET``): the key nodes prove
+        their relays with (``x-vrt-relay``, an HMAC over the session, the nodes' names, the
+        client's address, the path and the time; a relay without a valid proof is a plain
+        client's, refused on the relay port). By default each node makes a random key and
+        publishes it in its lease in the store: whoever can read the store is a node, which
+        is true anyway. With a secret no key is in the store. Every node must have the same
+        one, or none. Never logged, in no ``repr``.""",
     )
     sockets: Sequence[socket.socket] | None = option(
         None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Unpack
 
@@ -20,9 +21,11 @@ import trio
 from vrt._cluster.node import Node, default_name
 from vrt._cluster.redis import RedisStore
 from vrt._cluster.store import open_store
+from vrt._cluster.trust import Endpoint, Trust
 from vrt._engine.agent import Agent
 from vrt._net.accept import Accepting, Pending, accept_loop
-from vrt._net.options import with_options
+from vrt._net.options import Options, with_options
+from vrt._net.tls import certificate_pin
 from vrt._net.upgrade import HandshakeRequest, Refuse
 from vrt._server.hub import Hub
 from vrt._server.option_types import ServerOptions
@@ -102,15 +105,21 @@ async def serve(
                 await the_store.connect()
             bound_host = serving.relay_host or _reachable(host)
             relays = await trio.open_tcp_listeners(0, host=bound_host)
+            trust = Trust(serving.cluster_secret)
             node_ = Node(
-                the_store, serving.node or default_name(), resume_window=common.resume_window
+                the_store,
+                serving.node or default_name(),
+                resume_window=common.resume_window,
+                trust=trust,
             )
-            relay_port = relays[0].socket.getsockname()[1]
-            node_.address = (
-                f"[{bound_host}]:{relay_port}"
-                if ":" in bound_host
-                else f"{bound_host}:{relay_port}"
-            )
+            # The lease says where other nodes relay to, the key they prove it with, and
+            # (with TLS) the certificate they must find there.
+            node_.address = Endpoint(
+                host=bound_host,
+                port=relays[0].socket.getsockname()[1],
+                key=trust.published,
+                pin=certificate_pin(ssl_context) if ssl_context is not None else None,
+            ).encode()
         if serving.sockets is not None:
             listeners = [
                 trio.SocketListener(trio.socket.from_stdlib_socket(sock))
@@ -119,18 +128,16 @@ async def serve(
         else:
             listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
-            accepting = Accepting(common.max_pending_connections, common.max_pending_per_peer)
+            accepting = Accepting(
+                common.max_pending_connections,
+                common.max_pending_per_peer,
+                trusted=common.proxies,
+            )
             hub = Hub(agent, common, nursery, accepting, node_)
             drain = None
             if node_ is not None:
                 await nursery.start(node_.run)
-                # Relays come from the other nodes: a pool of their own, no per-address
-                # share (every relay of a node has its address).
-                from_nodes = Accepting(common.max_pending_connections)
-                for listener in relays:
-                    nursery.start_soon(
-                        accept_loop, listener, from_nodes, hub.handle_stream, nursery
-                    )
+                await nursery.start(_relay_port, relays, hub, common, ssl_context, nursery)
                 drain = trio.Event()
             public = trio.CancelScope()
             handle = functools.partial(hub.handle_stream, ssl_context=ssl_context)
@@ -191,6 +198,27 @@ async def _accept_all(
             for listener in listeners:
                 loops.start_soon(accept_loop, listener, accepting, handle, nursery)
             task_status.started()
+
+
+async def _relay_port(
+    relays: list[trio.SocketListener],
+    hub: Hub,
+    options: Options,
+    ssl_context: ssl.SSLContext | None,
+    nursery: trio.Nursery,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """The accept loops of the port other nodes relay resumes to, until cancelled: only
+    relays with their proof (``relay_only``), over TLS when the server has a certificate,
+    in a pool of pending connections of their own with the public port's bounds (one
+    node's relays come from one address: ``max_pending_per_peer`` of them at a time)."""
+    from_nodes = Accepting(options.max_pending_connections, options.max_pending_per_peer)
+    handle = functools.partial(hub.handle_stream, ssl_context=ssl_context, relay_only=True)
+    async with trio.open_nursery() as loops:
+        for listener in relays:
+            loops.start_soon(accept_loop, listener, from_nodes, handle, nursery)
+        task_status.started()
 
 
 def _reachable(host: str) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
+from collections.abc import Sequence
 
 import trio
 
@@ -18,11 +20,23 @@ class LoopbackProxy:
     closed when :attr:`misbehave` is set back to None), ``"502"``, ``"503"`` or ``"504"``
     reads the request and answers it with that HTTP status, as a proxy does while the
     server behind it restarts; None (the default) pipes them.
+
+    ``sources``: the local addresses its connections to the target come from, one after
+    another (``127.0.1.1``, ``127.0.1.2``...: every ``127.x.y.z`` is loopback on Linux), so
+    that the target sees many clients, as behind a real network; default: the system's
+    choice (all of them from ``127.0.0.1``).
     """
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target_port: int,
+        target_host: str = "127.0.0.1",
+        *,
+        sources: Sequence[str] | None = None,
+    ) -> None:
         self.target_host = target_host
         self.target_port = target_port
+        self._sources = itertools.cycle(sources) if sources else None
         self.port = 0
         self.connections = 0
         """Connections accepted so far."""
@@ -90,7 +104,10 @@ class LoopbackProxy:
         try:
             async with downstream:
                 with scope:
-                    upstream = await trio.open_tcp_stream(self.target_host, self.target_port)
+                    source = next(self._sources) if self._sources is not None else None
+                    upstream = await trio.open_tcp_stream(
+                        self.target_host, self.target_port, local_address=source
+                    )
                     async with upstream, trio.open_nursery() as nursery:
                         nursery.start_soon(_copy, downstream, upstream, nursery.cancel_scope)
                         nursery.start_soon(_copy, upstream, downstream, nursery.cancel_scope)
