@@ -40,9 +40,10 @@ from vrt._net.options import Options, with_options
 from vrt._net.proxied import forwarded_client
 from vrt._net.upgrade import HELLO_LIMIT, HandshakeRequest, Refused, decide
 from vrt._net.web import Response, respond
-from vrt._server.hub import Hub, peer_of
+from vrt._server.hub import Hub
 from vrt._server.option_types import AppOptions
 from vrt._server.options import APP, app_options
+from vrt._server.peers import peer_of
 
 __all__ = ["App", "AppOptions", "AsgiConnection", "app"]
 

@@ -36,6 +36,7 @@ from vrt._net.pumps import AckTimer
 from vrt._net.upgrade import RELAY_HEADER, HandshakeRequest, open_to_messages, upgrade
 from vrt._server.actor import SessionActor
 from vrt._server.link import send_and_close
+from vrt._server.peers import address_of, peer_of, remote_of, shown
 from vrt._wire import messages as m
 from vrt._wire.server import ServerProtocol
 
@@ -144,7 +145,7 @@ class Hub:
                         pending.pool.rekey(pending, address_key(client))
                     log.info(
                         "connection from %s%s",
-                        _remote(stream, guarded, client),
+                        remote_of(stream, guarded, client),
                         f" (relayed by node {relay.front})" if isinstance(relay, Proven) else "",
                     )
                     await self.serve_connection(
@@ -163,7 +164,7 @@ class Hub:
                 elif late:
                     log.debug(
                         "%s: no upgrade %s",
-                        _address(stream),
+                        address_of(stream),
                         "before it was evicted" if pending.evicted else "within the timeout",
                     )
                 nursery.cancel_scope.cancel()
@@ -171,7 +172,7 @@ class Hub:
             # trio-websocket's reader task can fail on what a peer sends (wsproto refusing
             # to send its own close in a state the peer brought about): that costs this
             # connection only, and is the peer's doing, so it is no error of ours.
-            log.debug("%s: connection dropped: %r", _address(stream), exc)
+            log.debug("%s: connection dropped: %r", address_of(stream), exc)
             late = True
         finally:
             handshake_done()
@@ -296,7 +297,7 @@ class Hub:
             else:
                 actor = SessionActor(self, proto, hello, principal, peer)
                 self._add(actor)
-                log.info("session %s opened for %s", proto.session_id, _shown(peer))
+                log.info("session %s opened for %s", proto.session_id, shown(peer))
                 await self.nursery.start(actor.run)
                 if not proto.in_session:  # closed before it started, to make room
                     await send_and_close(ws, [])
@@ -323,7 +324,7 @@ class Hub:
             telemetry.refused("sessions_cap")
             log.info(
                 "refused a session of %s: at max_sessions_per_peer (%d)",
-                _shown(peer),
+                shown(peer),
                 options.max_sessions_per_peer,
             )
             return False
@@ -573,46 +574,3 @@ async def _handshake(ws: Any, proto: ServerProtocol) -> m.Hello | None:
             except ConnectionClosed:
                 return None
     return None
-
-
-def _address(stream: trio.SocketStream) -> str:
-    """The peer's IP address (without the port: one machine is one peer)."""
-    try:
-        return str(stream.socket.getpeername()[0])
-    except OSError:
-        return "unknown"
-
-
-def _remote(stream: trio.SocketStream, guarded: GuardedStream, client: str) -> str:
-    """A connection as the log shows it: the client's address and port (a PROXY header's,
-    or the peer's), and the client a trusted proxy names in ``X-Forwarded-For``."""
-    if guarded.client is not None:
-        shown = repr(guarded)
-    else:
-        try:
-            host, port = stream.socket.getpeername()[:2]
-        except OSError:
-            return client
-        shown = f"{host}:{port}"
-        if host != client:
-            shown = f"{client} (through {shown})"
-    return shown
-
-
-def peer_of(principal: Any, address: str) -> tuple[str, Any]:
-    """Who ``max_sessions_per_peer`` counts a session for: the principal ``authenticate``
-    gave, else the remote ``address`` (its IP address: one machine is one peer)."""
-    if principal is None:
-        return ("address", address)
-    try:
-        hash(principal)
-    except TypeError:
-        return ("principal", repr(principal))
-    return ("principal", principal)
-
-
-def _shown(peer: Any) -> str:
-    """A peer as the log shows it: its address, never a principal (it may be a secret)."""
-    if isinstance(peer, tuple) and peer[0] == "address":
-        return str(peer[1])
-    return "a principal" if isinstance(peer, tuple) else str(peer)
