@@ -514,15 +514,19 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-async def test_three_nodes_behind_haproxy_lose_nothing(tmp_path: Path, redis_url: str) -> None:
-    """Issue 19's acceptance test. 200 clients through a proxy that cuts connections at
-    random, to HAProxy (roundrobin, no stickiness, /healthz checks), to three ``vrt serve
-    --store`` nodes; each node in turn is sent SIGTERM (it drains) and started again, then
-    one is killed (SIGKILL) and started again. No session is closed, every call has one
-    terminal on the app's side, and each client's last turn sees its whole history."""
+async def test_three_nodes_behind_haproxy_lose_nothing(tmp_path: Path) -> None:
+    """Issue 19's acceptance test, and issue 26's. 200 clients through a proxy that cuts
+    connections at random, to HAProxy (roundrobin, no stickiness, /healthz checks), to
+    three ``vrt serve --store`` nodes; each node in turn is sent SIGTERM (it drains) and
+    started again; then the store fails: paused 10 s (SIGSTOP: it answers nothing), then
+    restarted without persistence (it forgot everything); then one node is killed
+    (SIGKILL) and started again. No session is closed, every call has one terminal on the
+    app's side, and each client's last turn sees its whole history."""
     ports = [free_port() for _ in range(3)]
     report: dict[str, Any] = {}
     async with contextlib.AsyncExitStack() as stack:
+        store = stack.enter_context(servers.redis())
+        redis_url = store.url
         nodes: list[trio.Process] = []
 
         async def start(i: int, generation: int) -> trio.Process:
@@ -570,6 +574,12 @@ async def test_three_nodes_behind_haproxy_lose_nothing(tmp_path: Path, redis_url
                 nodes[i] = await start(i, 1)
                 restarts += 1
                 await trio.sleep(1)
+            store.pause()  # an outage: the nodes' calls time out, their leases run out
+            await trio.sleep(10)
+            store.resume()
+            await trio.sleep(2)
+            store.restart()  # it forgot everything: each node saves its sessions again, whole
+            await trio.sleep(3)
             killed_at = trio.current_time()
             nodes[1].kill()  # a crash
             await nodes[1].wait()

@@ -465,3 +465,35 @@ async def test_a_trimmed_history_moves_item_by_item() -> None:
     numbers = [int(t.split()[1]) for t in texts_after]
     assert numbers == list(range(numbers[0], 9))  # a contiguous, ordered suffix
     assert list(after[: len(after) - 2]) == list(before[len(before) - (len(after) - 2) :])
+
+
+async def test_a_handover_the_store_forgot_before_anyone_took_it_is_written_again() -> None:
+    """A node keeps the last save of each session it handed over for a while (PARKED_FOR):
+    the store restarted empty (or flushed) before another node claimed it, so nobody has
+    it; at its next heartbeat the node finds its own lease gone and writes the parked
+    save again, owned by nobody, its whole history; a session claimed meanwhile is left
+    alone (the store has it again), and a parked save past its time is dropped."""
+    from vrt._cluster.node import PARKED_FOR, Node, Parked
+    from vrt._cluster.record import encode_item
+
+    store = MemoryStore()
+    node = Node(store, "a", resume_window=30.0)
+    items = [
+        vrt.models.UserInput(turn_id="t_1", text="hi"),
+        vrt.models.AgentText(turn_id="t_1", text="yo"),
+    ]
+    encoded = [encode_item(i) for i in items]
+    for session_id in ("s_1", "s_2", "s_3"):
+        assert await store.save(session_id, "a", "", b"state", 60.0, items=encoded)
+        node.park(session_id, Parked(b"state", 0, items, 60.0))
+    store.flush()
+    assert await store.save("s_2", "b", "b", b"b's", 60.0)  # b took it over, saved it again
+    node.parked["s_3"].until = trio.current_time()  # past its time
+    await node._unpark()
+    found = await store.load("s_1")
+    assert found is not None and found.owner == "" and found.state == b"state"
+    assert found.history == tuple(encoded)
+    taken = await store.load("s_2")
+    assert taken is not None and taken.owner == "b" and taken.state == b"b's"
+    assert await store.load("s_3") is None
+    assert node.parked == {} and PARKED_FOR >= 5.0

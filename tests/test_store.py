@@ -403,3 +403,26 @@ async def test_valkey_glides_own_log_stays_out_of_ours(capfd: pytest.CaptureFixt
     await trio.sleep(0.2)  # glide writes its log from a thread of its own
     out, err = capfd.readouterr()
     assert "\x1b[" not in out + err and "glide" not in out + err, out + err
+
+
+async def test_a_parked_save_written_again_yields_to_the_node_that_runs_the_session(
+    store: Store,
+) -> None:
+    """``restore`` writes a handed-over session's last save again only where the store has
+    no record, owned by nobody; the node that took the session over before the store
+    forgot overwrites it with its first whole save (an incremental one is told the store
+    forgot), while any other record still refuses a node that does not own it."""
+    s = sid()
+    assert await store.restore(s, b"parked", 5, front=0, items=[b"1", b"2"])
+    assert not await store.restore(s, b"again", 5, front=0, items=[])
+    assert await store.load(s) == Saved(owner="", state=b"parked", history=(b"1", b"2"))
+    with pytest.raises(StoreForgot):
+        await store.save(s, "x", "x", b"newer", 5, front=0, first=3, items=[b"4"])
+    assert await store.save(s, "x", "x", b"newer", 5, items=[b"1", b"2", b"3", b"4"])
+    assert await store.load(s) == Saved(owner="x", state=b"newer", history=(b"1", b"2", b"3", b"4"))
+    assert await store.save(s, "x", "", b"handed", 5, front=0, first=4, items=[])
+    assert not await store.save(s, "y", "y", b"zombie", 5, items=[b"1"])  # a genuine handover
+    t = sid()
+    assert await store.restore(t, b"parked", 5, front=0, items=[])
+    assert await store.claim(t, "", "z") is not None  # claimed: no longer a restored one
+    assert not await store.save(t, "x", "x", b"late", 5, items=[])

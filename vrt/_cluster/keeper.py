@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from vrt._cluster.node import Adopt
+from vrt._cluster.node import Adopt, Parked
 from vrt._cluster.record import State, TooLarge, encode_item, encode_state, limit_bytes
 from vrt._cluster.store import StoreError, StoreForgot
 from vrt._engine.history import Snapshot
@@ -270,6 +270,11 @@ class Keeper:
             self._taken()
             return True
         self.movement.send("let_go")
+        assert unsaved is not None  # (written: kept)
+        self.node.park(
+            self.host.session_id,
+            Parked(unsaved.state, unsaved.history_offset, unsaved.history, self.node.record_ttl),
+        )
         self.host.let_go()
         return True
 

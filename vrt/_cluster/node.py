@@ -29,16 +29,24 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import trio
 
-from vrt._cluster.record import State, checks, principal_hash, restore, token_matches
+from vrt._cluster.record import (
+    State,
+    checks,
+    encode_item,
+    principal_hash,
+    restore,
+    token_matches,
+)
 from vrt._cluster.store import Store, StoreError
 from vrt._cluster.trust import Trust
 from vrt._wire import messages as m
+from vrt._wire.server import replayable
 
 log = logging.getLogger("vrt.server")
 
@@ -53,6 +61,12 @@ HEARTBEAT = 1.0
 """Seconds between two heartbeats."""
 LOCATE_TIMEOUT = LEASE + 3.0
 """Seconds a resume may wait for a dead owner's lease to run out."""
+FORGOT_GRACE = LEASE + 2 * HEARTBEAT
+"""Seconds after the store forgot (restarted without persistence, flushed, or an outage
+outlasted the leases), or answered again after an outage, during which a resume of a
+session it does not hold, or of one whose node has no lease, is told to try again, not
+refused nor adopted as after a crash: its node may not have saved it again, or renewed
+its lease, yet."""
 REBALANCE_EVERY = 2.0
 """Seconds between two rounds of rebalancing (a census each)."""
 REBALANCE_MARGIN = 0.1
@@ -65,6 +79,28 @@ at about 5 sessions a second from each node above its share."""
 Mover = Callable[[], bool]
 """A keeper's ``hand_over_idle``: hand the session over now if it is between turns;
 whether it will."""
+
+
+PARKED_FOR = 2 * LEASE
+"""Seconds a node keeps the last save of a session it handed over: should the store forget
+it meanwhile (restarted, flushed), before another node claims it, the node writes it
+again (nobody else has it)."""
+
+
+@attrs.define
+class Parked:
+    """The last save of a session this node handed over, kept PARKED_FOR seconds."""
+
+    state: bytes
+    front: int
+    history: Sequence[Any]
+    ttl: float
+    until: float = 0.0
+
+
+class NotYet(StoreError):
+    """The store forgot what it held moments ago and has no record of the session: its
+    node may save it again in a moment, so the client should try again (not a refusal)."""
 
 
 @attrs.frozen
@@ -120,6 +156,8 @@ class Node:
         """Client connections this node relays to another (closed with 1012 by a drain)."""
         self.movers: dict[str, Mover] = {}
         """Each session saved here, its keeper's ``hand_over_idle`` (rebalancing)."""
+        self.parked: dict[str, Parked] = {}
+        """The sessions this node handed over lately, their last saves (see PARKED_FOR)."""
         self.resavers: dict[str, Resave] = {}
         """Each session saved here, its keeper's ``resave``: the store forgot, save it
         whole again."""
@@ -131,6 +169,8 @@ class Node:
         a save that failed waits for before it tries again)."""
         self.answering.set()
         self._failing_since = 0.0
+        self._forgot_at = -math.inf
+        """When the store was last found to have forgotten this node's lease."""
         self._moved = 0
         """Sessions the last round of rebalancing handed over: the census may not count
         them anywhere yet (the nodes they went to count every few seconds too)."""
@@ -160,6 +200,8 @@ class Node:
             gone: set[str] = set()
             try:
                 had = await self.store.heartbeat(self.name, self.address, self.lease)
+                if not had:
+                    self._forgot_at = trio.current_time()  # (a resume looking now asks)
                 if trio.current_time() >= next_touch:
                     next_touch = trio.current_time() + touch_every
                     gone = await self.store.touch(list(self.sessions), self.record_ttl)
@@ -171,6 +213,7 @@ class Node:
                 break
             if not had:
                 self._forgot(self.resavers, everything=True)
+                await self._unpark()
             elif gone:
                 self._forgot({s: f for s, f in self.resavers.items() if s in gone})
             if trio.current_time() >= next_census:
@@ -179,6 +222,35 @@ class Node:
                     await self.rebalance()
                 except StoreError as exc:
                     self.store_failed(exc)
+
+    def park(self, session_id: str, parked: Parked) -> None:
+        """``session_id`` was handed over with ``parked`` as its last save: kept here for
+        PARKED_FOR seconds (the oldest parked ones that ran out leave now)."""
+        now = trio.current_time()
+        for old in [key for key, kept in self.parked.items() if kept.until <= now]:
+            del self.parked[old]
+        parked.until = now + PARKED_FOR
+        self.parked[session_id] = parked
+
+    async def _unpark(self) -> None:
+        """The store forgot: write the parked saves again, owned by nobody, where it has no
+        record (another node that took the session over meanwhile may have saved it
+        again already; if not, its first save overwrites the restored one)."""
+        now = trio.current_time()
+        parked, self.parked = self.parked, {}
+        written = 0
+        for session_id, kept in parked.items():
+            if kept.until <= now:
+                continue
+            items = [encode_item(item) for item in kept.history]
+            try:
+                written += await self.store.restore(
+                    session_id, kept.state, kept.ttl, front=kept.front, items=items
+                )
+            except StoreError as exc:
+                log.info("session %s: its handover not written again: %s", session_id, exc)
+        if written:
+            log.info("node %s: %d sessions handed over lately written again", self.name, written)
 
     async def rebalance(self) -> int:
         """One round of sharing out (see the module): count this node's sessions in the
@@ -257,6 +329,7 @@ class Node:
         if self.store_ok:
             return
         self.store_ok = True
+        self._forgot_at = trio.current_time()  # an outage: leases may have run out meanwhile
         self.answering.set()
         log.warning(
             "node %s: the store answers again (after %.1f s): saving again",
@@ -285,6 +358,8 @@ class Node:
         while trio.current_time() < deadline:
             saved = await self.store.load(session_id)
             if saved is None:
+                if await self._forgot_recently():
+                    raise NotYet("the store forgot what it held a moment ago: try again")
                 return None
             if not checked:
                 try:
@@ -304,6 +379,25 @@ class Node:
                 address = await self.store.node_address(owner)
                 if address is not None:
                     return RelayTo(owner=owner, address=address)
+            crashed = owner != ""
+            if crashed and owner != self.name and await self._forgot_recently():
+                # No lease of its owner: dead, or its lease lost with the store's memory or
+                # run out in an outage, the owner alive and about to renew it.
+                raise NotYet("the session's node has no lease in the store yet: try again")
+            try:
+                found = restore(saved.state, saved.history)
+            except ValueError as exc:
+                log.warning("session %s: its saved state is unreadable: %s", session_id, exc)
+                return None
+            sent = max(found.sent_seq, resume.last_seq) if crashed else found.sent_seq
+            if not replayable(resume.last_seq, sent, found.acked_by_peer, found.replay):
+                if await self._forgot_recently():
+                    # A save written again from a parked copy, older than the session
+                    # that another node runs: that node saves it anew in a moment.
+                    raise NotYet("the store has an older save than the client: try again")
+                log.info("session %s: the client's lastSeq does not fit its saved state",
+                         session_id)  # fmt: skip
+                return None
             claimed = await self.store.claim(session_id, owner, self.name)
             if claimed is None:
                 continue  # it changed meanwhile: look again
@@ -315,6 +409,19 @@ class Node:
             self.sessions.add(session_id)
             return Adopt(state=state, token=resume.token, crashed=owner != "")
         return None
+
+    async def _forgot_recently(self) -> bool:
+        """Whether the store forgot this node's lease within FORGOT_GRACE, or has just
+        now (this node's heartbeat has not seen it yet), or answers again after an outage
+        since then: a session it does not hold may be saved again by its node any moment,
+        and a node without a lease may be alive, about to renew it."""
+        if trio.current_time() - self._forgot_at < FORGOT_GRACE:
+            return True
+        if await self.store.node_address(self.name) is None:
+            self._forgot_at = trio.current_time()
+            return True
+        # The heartbeat may have found the lease gone (and put it back) meanwhile.
+        return trio.current_time() - self._forgot_at < FORGOT_GRACE
 
     async def wait_for_lease(self, owner: str) -> None:
         """Wait (up to a lease and a little) for ``owner``'s lease to run out: it did not

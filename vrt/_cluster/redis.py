@@ -49,10 +49,14 @@ MISSING = "the Redis/Valkey store client is not installed: pip install 'trio-vrt
 # answers 1 (written), 0 (another node owns it) or -1 (the store lacks history items
 # before the first one sent: it forgot them, or the whole record; nothing written).
 _SAVE = """
-local found = redis.call('HMGET', KEYS[1], 'owner', 'front')
-if found[1] and found[1] ~= ARGV[1] then return 0 end
-if not found[1] then redis.call('DEL', KEYS[2]) end
+local found = redis.call('HMGET', KEYS[1], 'owner', 'front', 'restored')
 local front, first = tonumber(ARGV[5]), tonumber(ARGV[6])
+if found[1] and found[1] ~= ARGV[1] then
+  if found[1] ~= '' or not found[3] then return 0 end
+  if first > front then return -1 end  -- a restored parked save: only a whole one replaces it
+  found = {false, false}
+end
+if not found[1] then redis.call('DEL', KEYS[2]) end
 local at = tonumber(found[2] or ARGV[5])
 local stored = redis.call('LLEN', KEYS[2])
 local stop = at + stored
@@ -66,6 +70,7 @@ for i = 7 + stop - first, #ARGV, 500 do
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'state', ARGV[3], 'front', at)
+redis.call('HDEL', KEYS[1], 'restored')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
@@ -79,10 +84,23 @@ _CLAIM = """
 local found = redis.call('HMGET', KEYS[1], 'owner', 'state', 'front')
 if not found[2] or (found[1] or '') ~= ARGV[1] then return false end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2])
+redis.call('HDEL', KEYS[1], 'restored')
 return {ARGV[2], found[2], redis.call('LRANGE', KEYS[2], 0, -1), found[3] or '0'}
 """
 _DELETE = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1], KEYS[2]) end
+return 1
+"""
+# A parked save written again (the store forgot it), only where there is no record.
+_RESTORE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', '', 'state', ARGV[1], 'front', ARGV[3], 'restored', '1')
+for i = 4, #ARGV, 500 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 # KEYS[1] the census (a hash: node -> "UNTIL_MS COUNT"), on the server's clock: a node's
@@ -315,6 +333,14 @@ class RedisStore:
         if not _tagged(session_id):
             return None
         return _saved(await self._script(_LOAD, _keys(session_id), []))
+
+    async def restore(
+        self, session_id: str, state: bytes, ttl: float, *, front: int, items: Sequence[bytes]
+    ) -> bool:
+        done = await self._script(
+            _RESTORE, _keys(session_id), [state, str(_ms(ttl)), str(front), *items]
+        )
+        return bool(done)
 
     async def claim(self, session_id: str, expected: str, node: str) -> Saved | None:
         if not _tagged(session_id):

@@ -106,6 +106,14 @@ class Store(Protocol):
         place for sessions to go), and return every live node's count but the draining
         ones', this one's included: what rebalancing shares out."""
 
+    async def restore(
+        self, session_id: str, state: bytes, ttl: float, *, front: int, items: Sequence[bytes]
+    ) -> bool:
+        """Write a handed-over session's last save again, owned by nobody, if the store
+        has no record of it (it forgot: its node kept the save, see ``Node.park``); False
+        if it has one. The record is a restored one: the first save of a node that runs
+        the session (it took the session over before the store forgot) may overwrite it."""
+
     async def load(self, session_id: str) -> Saved | None:
         """The session's record, or None (never saved, deleted or expired)."""
 
@@ -194,6 +202,8 @@ class MemoryStore:
         """Each session's record and when it expires (its history a tuple in the record)."""
         self._nodes: dict[str, tuple[str, float]] = {}
         self._census: dict[str, tuple[int, float]] = {}
+        self._restored: set[str] = set()
+        """Sessions whose record a node wrote again from a parked save (``restore``)."""
         self.saves = 0
         """How many saves were written (for tests)."""
 
@@ -248,7 +258,12 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         current = self._session(session_id)
         if current is not None and current.owner != node:
-            return False
+            if current.owner or session_id not in self._restored:
+                return False
+            if first > front:  # a restored parked save: only a whole one replaces it
+                raise StoreForgot(f"history items missing before {first}")
+            current = None
+        self._restored.discard(session_id)
         history, at = (current.history, current.front) if current is not None else ((), front)
         end = at + len(history)
         if front > at:  # the oldest items dropped
@@ -273,7 +288,19 @@ class MemoryStore:
             return None
         claimed = attrs.evolve(current, owner=node)
         self._sessions[session_id] = (claimed, self._sessions[session_id][1])
+        self._restored.discard(session_id)
         return claimed
+
+    async def restore(
+        self, session_id: str, state: bytes, ttl: float, *, front: int, items: Sequence[bytes]
+    ) -> bool:
+        await trio.lowlevel.checkpoint()
+        if self._session(session_id) is not None:
+            return False
+        saved = Saved(owner="", state=state, history=tuple(items), front=front)
+        self._sessions[session_id] = (saved, trio.current_time() + ttl)
+        self._restored.add(session_id)
+        return True
 
     async def delete(self, session_id: str, node: str) -> None:
         await trio.lowlevel.checkpoint()
@@ -300,3 +327,4 @@ class MemoryStore:
         (``FLUSHALL``): for tests."""
         self._sessions.clear()
         self._nodes.clear()
+        self._restored.clear()

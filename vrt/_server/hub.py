@@ -22,7 +22,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from vrt._cluster.keeper import adopted_protocol
-from vrt._cluster.node import Adopt, Node
+from vrt._cluster.node import Adopt, Node, NotYet
 from vrt._cluster.relay import HANDOVER_CLOSE
 from vrt._cluster.resume import Relayed, resume_elsewhere
 from vrt._cluster.store import StoreError
@@ -395,6 +395,11 @@ class Hub:
                 keeper.move()  # to where the client is, after this turn
             await actor.carry(ws, stream)
             return
+        if self._left(hello, principal):
+            # Handed over (or taken over, or let go unsaved) a moment ago, its task not yet
+            # done here: the client resumes again, and finds it where it went.
+            await send_and_close(ws, [], HANDOVER_CLOSE)
+            return
         if self.node is None or hello.resume.session_id in self.sessions:
             log.info("refused a resume (session, token, principal or lastSeq do not match)")
             telemetry.refused("resume")
@@ -428,7 +433,8 @@ class Hub:
         except StoreError as exc:
             # Not the client's fault, nor the end of its session: it tries again. (The
             # node logs the store's outage once.)
-            self.node.store_failed(exc)
+            if not isinstance(exc, NotYet):
+                self.node.store_failed(exc)
             log.info("session %s: cannot resume now: %s", hello.resume.session_id, exc)
             await send_and_close(ws, [], 1011)
             return
@@ -538,21 +544,33 @@ class Hub:
         and the lastSeq match; None otherwise (the caller gives one answer for all, so a
         refusal says nothing about whether a session exists)."""
         assert hello.resume is not None
+        actor = self._credited(hello, principal)
+        if actor is None or not actor.proto.can_resume(hello.resume.last_seq):
+            return None
+        return actor
+
+    def _left(self, hello: m.Hello, principal: Any) -> bool:
+        """Whether the session ``hello`` resumes (token and principal matching) has just
+        left this node: handed over, taken over or let go, its task not yet done."""
+        actor = self._credited(hello, principal)
+        return actor is not None and actor.movement.state in MOVED
+
+    def _credited(self, hello: m.Hello, principal: Any) -> SessionActor | None:
+        """The session of this node ``hello`` names, if its token and principal match
+        (compared in constant time, against a decoy when there is no such session)."""
+        assert hello.resume is not None
         actor = self.sessions.get(hello.resume.session_id)
         token = actor.proto.resume_token if actor is not None else _DECOY_TOKEN
         # surrogatepass: a token is the peer's string, and JSON can carry a lone surrogate
         offered = hello.resume.token.encode("utf-8", "surrogatepass")
         matches = hmac.compare_digest(offered, token.encode())
-        if (
-            actor is None
-            or not matches
-            or actor.principal != principal
-            or not actor.proto.can_resume(hello.resume.last_seq)
-        ):
+        if actor is None or not matches or actor.principal != principal:
             return None
         return actor
 
 
+MOVED = frozenset({"handed_over", "taken_over", "abandoned"})
+"""Movement states of a session that left this node for another."""
 _DECOY_TOKEN = secrets.token_urlsafe(32)  # compared against when the session is unknown
 
 

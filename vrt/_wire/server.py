@@ -32,6 +32,18 @@ REMEMBERED_CALLS = 1000
 error a late ``tool.result`` gets; a session that runs for days does not grow by each call."""
 
 
+def replayable(
+    last_seq: int, sent_seq: int, acked_by_peer: int, replay: Collection[tuple[int, str]]
+) -> bool:
+    """Whether a client that processed up to ``last_seq`` can be replayed the rest by a
+    side that sent up to ``sent_seq``, was acked up to ``acked_by_peer`` and keeps
+    ``replay`` (its unacked messages, oldest first)."""
+    if last_seq > sent_seq:
+        return False  # the client claims messages never sent
+    first_kept = next(iter(replay))[0] if replay else sent_seq + 1
+    return last_seq >= first_kept - 1 and last_seq >= acked_by_peer
+
+
 class ServerProtocol(Endpoint):
     """One connection's protocol state on the server."""
 
@@ -239,10 +251,7 @@ class ServerProtocol(Endpoint):
         """Whether a client that processed up to ``last_seq`` can be replayed the rest."""
         if not self.in_session or self.overflowed:
             return False
-        if last_seq > self.sent_seq:
-            return False  # the client claims messages never sent
-        first_kept = self.replay[0][0] if self.replay else self.sent_seq + 1
-        return last_seq >= first_kept - 1 and last_seq >= self.acked_by_peer
+        return replayable(last_seq, self.sent_seq, self.acked_by_peer, self.replay)
 
     def resume(self, hello: m.Hello, epoch: int) -> None:
         """Reattach a new connection (check :meth:`can_resume` first).
