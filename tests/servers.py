@@ -305,7 +305,8 @@ def redis_cluster(masters: int = 3) -> Iterator[RedisCluster]:
             slots: dict[int, tuple[tuple[int, int], ...]] = {}
             for line in redis_cli(ports[0], "CLUSTER", "NODES").splitlines():
                 fields = line.split()
-                if "master" in fields[2].split(","):
+                if "master" in fields[2].split(",") and fields[8:]:  # the replica, until
+                    # the seed hears it replicates, is a master without slots
                     port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
                     slots[port] = tuple(
                         (int(r.split("-")[0]), int(r.split("-")[-1])) for r in fields[8:]
