@@ -14,6 +14,7 @@ from machines.movement import Movement
 from machines.session import Session
 from machines.tool_call import ToolCall
 from machines.turn import Turn
+from machines.upstream import Upstream
 
 #: Every machine of the project, in the order of DESIGN.md's table.
 ALL: tuple[type[VrtChart], ...] = (
@@ -24,6 +25,7 @@ ALL: tuple[type[VrtChart], ...] = (
     AppCall,
     CallView,
     Movement,
+    Upstream,
 )
 
 __all__ = [
@@ -35,5 +37,6 @@ __all__ = [
     "Session",
     "ToolCall",
     "Turn",
+    "Upstream",
     "VrtChart",
 ]

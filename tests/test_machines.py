@@ -129,6 +129,13 @@ def test_design_table_states_and_events() -> None:
             "abandon close",
             "handed_over taken_over abandoned closed",
         ),
+        # DESIGN.md, "Realtime voice models" (the realtime issue): a session's connection
+        # to a realtime model and its one open response.
+        "Upstream": (
+            "connecting idle requested responding unwanted cancelling lost closed",
+            "ready create started done interrupt speech forget drop reconnect close",
+            "closed",
+        ),
     }
     for table in _tables.TABLES:
         states, events, finals = expected[table.name]

@@ -10,6 +10,7 @@ from vrt import models
 from vrt._client.client import Client
 from vrt._client.dial import connect
 from vrt._core.events import (
+    AudioDelta,
     Closed,
     ConfirmRequest,
     Event,
@@ -19,6 +20,7 @@ from vrt._core.events import (
     TextDelta,
     ToolPreview,
     ToolStream,
+    Transcript,
     TurnEnded,
     TurnStarted,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "Agent",
     "Allow",
     "AppTool",
+    "AudioDelta",
     "CallAborted",
     "CallInfo",
     "CallRecord",
@@ -85,6 +88,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "ToolStream",
+    "Transcript",
     "Turn",
     "TurnEnded",
     "TurnResult",

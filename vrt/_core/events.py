@@ -195,6 +195,27 @@ class TextDelta:
 
 
 @attrs.frozen(kw_only=True)
+class AudioDelta:
+    """A piece of the model's voice (a realtime model): PCM16 little-endian mono at
+    ``sample_rate``. Only the current turn's: an interrupted turn's audio never follows
+    its interrupt."""
+
+    turn_id: str
+    pcm: bytes = attrs.field(repr=lambda pcm: f"<{len(pcm)} bytes>")
+    sample_rate: int
+
+
+@attrs.frozen(kw_only=True)
+class Transcript:
+    """What was said aloud, as text (a realtime model's transcription): ``role``
+    ``"user"`` (the user's speech, whole) or ``"agent"`` (the model's, a fragment)."""
+
+    turn_id: str
+    role: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
 class ConfirmRequest:
     """The user must confirm a call (sent by :func:`vrt.require_confirmation`'s hook).
 
@@ -256,6 +277,8 @@ Event = (
     | TurnStarted
     | TurnEnded
     | TextDelta
+    | AudioDelta
+    | Transcript
     | ConfirmRequest
     | Reconnecting
     | Resumed

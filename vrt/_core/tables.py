@@ -123,6 +123,7 @@ CONNECTION: Final = Table(machines.Connection)
 APP_CALL: Final = Table(machines.AppCall)
 CALL_VIEW: Final = Table(machines.CallView)
 MOVEMENT: Final = Table(machines.Movement)
+UPSTREAM: Final = Table(machines.Upstream)
 
 #: Every compiled table, in the order of :data:`machines.ALL`.
-TABLES: Final = (TOOL_CALL, TURN, SESSION, CONNECTION, APP_CALL, CALL_VIEW, MOVEMENT)
+TABLES: Final = (TOOL_CALL, TURN, SESSION, CONNECTION, APP_CALL, CALL_VIEW, MOVEMENT, UPSTREAM)

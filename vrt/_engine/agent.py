@@ -21,6 +21,7 @@ from vrt._engine.tools import (
 )
 from vrt._errors import DefinitionError
 from vrt.models import Model, ToolSpec
+from vrt.models._realtime import RealtimeModel, is_realtime
 
 log = logging.getLogger("vrt")
 
@@ -85,7 +86,7 @@ class RegisteredApp:
 class Agent:
     """A checked agent definition; build it with :func:`define_agent`."""
 
-    model: Model
+    model: Model | RealtimeModel
     tools: tuple[ServerTool, ...]
     client_tools: ClientTools
     before_tool_call: BeforeToolCall | None
@@ -133,7 +134,7 @@ class Agent:
 
 def define_agent(
     *,
-    model: Model,
+    model: Model | RealtimeModel,
     tools: Sequence[ServerTool] = (),
     client_tools: ClientTools = "ignore",
     before_tool_call: BeforeToolCall | None = None,
@@ -149,8 +150,11 @@ def define_agent(
     tool, or a bad option. ``name`` is what traces call the agent (``invoke_agent
     {name}``).
     """
-    if not callable(getattr(model, "stream", None)):
-        raise DefinitionError("model must have a stream(request) method (see vrt.Model)")
+    if not (callable(getattr(model, "stream", None)) or is_realtime(model)):
+        raise DefinitionError(
+            "model must have a stream(request) method (see vrt.Model), or be a realtime "
+            "model (vrt.models.OpenAIRealtime, GeminiLive)"
+        )
     if client_tools not in ("ignore", "accept"):
         raise DefinitionError(f"client_tools must be 'ignore' or 'accept', not {client_tools!r}")
     if not (isinstance(client_tool_timeout, int | float) and client_tool_timeout > 0):

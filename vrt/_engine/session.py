@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -15,18 +16,20 @@ import trio
 
 from vrt._core.bounded import RecentSet
 from vrt._core.events import Closed, ConfirmRequest, Event, ToolPreview, TurnStarted
-from vrt._core.results import CallRecord
+from vrt._core.results import CallRecord, TurnResult
 from vrt._core.tables import SESSION
 from vrt._engine.agent import Agent, RegisteredApp
 from vrt._engine.call import AppHost, Call
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.history import Snapshot
+from vrt._engine.realtime import Upstream
 from vrt._engine.subscription import Subscription
 from vrt._engine.telemetry import capture_from_environment
 from vrt._engine.tools import schema_validator
 from vrt._engine.turn import Turn
 from vrt._errors import SessionClosed
 from vrt.models import AgentText, HistoryItem, ModelRequest, ToolSpec, UserInput
+from vrt.models._realtime import is_realtime
 
 log = logging.getLogger("vrt")
 
@@ -120,6 +123,11 @@ class Session:
         self._turns = 0
         self._call_ids: RecentSet[str] = RecentSet(CALL_IDS_KEPT)
         self._lock = trio.Lock()
+        self.upstream: Upstream | None = (
+            Upstream(self, agent.model) if is_realtime(agent.model) else None
+        )
+        """A realtime model's connection, held for the session's life (None for a model
+        stepped request by request)."""
 
     @property
     def state(self) -> str:
@@ -227,10 +235,12 @@ class Session:
         async with self._lock:
             if self._machine.state != "open":
                 raise SessionClosed("the session is closed")
-            previous = self._turn
-            if previous is not None:
+            while (previous := self._turn) is not None:  # a realtime model may open one
                 previous.interrupt()
-                await previous.wait()
+                with contextlib.suppress(SessionClosed):
+                    await previous.wait()
+                if self._machine.state != "open":
+                    raise SessionClosed("the session is closed")
             self._turns += 1
             turn = Turn(self, f"t_{self._turns}", self.epoch, text)
             self._turn = turn
@@ -241,13 +251,53 @@ class Session:
             self._nursery.start_soon(turn.run)
             return turn
 
-    def interrupt(self, epoch: int | None = None) -> None:
+    def open_model_turn(self, text: str) -> Turn:
+        """A realtime model started a response of its own (it heard the user): open its
+        turn now, interrupting the open one (the model already stopped it: nothing is sent
+        upstream). ``text`` is what the user said, as far as the model transcribed it.
+        The new turn records its input once the interrupted one has ended."""
+        previous = self._turn
+        if previous is not None:
+            previous.interrupt(by_model=True)
+        self._turns += 1
+        turn = Turn(self, f"t_{self._turns}", self.epoch, text, after=previous)
+        self._turn = turn
+        if self.watched:
+            self.emit(TurnStarted(turn_id=turn.turn_id, epoch=turn.epoch))
+        assert self._nursery is not None
+        self._nursery.start_soon(turn.run)
+        return turn
+
+    def send_audio(self, pcm: bytes) -> None:
+        """Feed the user's voice to a realtime model: PCM16 little-endian mono at the
+        model's ``input_rate``. Sync and never blocks: the buffer holds the newest 5 s, the
+        oldest is dropped (and counted) when the connection cannot keep up.
+
+        Raises ``TypeError`` for anything but bytes, ``ValueError`` for an odd length (not
+        PCM16), ``RuntimeError`` if the agent's model is not a realtime one, and
+        :class:`~vrt.SessionClosed` once the session is closed.
+        """
+        if not isinstance(pcm, bytes | bytearray | memoryview):
+            raise TypeError(f"pcm must be bytes, not {type(pcm).__name__}")
+        pcm = bytes(pcm)
+        if len(pcm) % 2:
+            raise ValueError(f"pcm must be PCM16 (an even number of bytes), not {len(pcm)}")
+        if self._machine.final:
+            raise SessionClosed("the session is closed")
+        if self.upstream is None:
+            raise RuntimeError("this agent's model is not a realtime model: it takes no audio")
+        if pcm:
+            self.upstream.send_audio(pcm)
+
+    def interrupt(self, epoch: int | None = None, *, heard_ms: int | None = None) -> None:
         """Interrupt the open turn, if any (sync, idempotent): see :meth:`Turn.interrupt`.
 
         ``epoch`` (the client's new epoch, over the wire) is adopted even with no open turn.
+        ``heard_ms``: how much of the turn's audio the user heard (a realtime model is told
+        to forget the rest).
         """
         if self._turn is not None:
-            self._turn.interrupt(epoch)
+            self._turn.interrupt(epoch, heard_ms=heard_ms)
         if epoch is not None:
             self.epoch = max(self.epoch, epoch)
 
@@ -356,6 +406,8 @@ class Session:
         actor's, which ends with the session anyway (a task and a nursery less a session).
         """
         self._nursery = nursery
+        if self.upstream is not None:
+            nursery.start_soon(self.upstream.run)
 
     # -- for turns --------------------------------------------------------------------------------
 
@@ -454,9 +506,11 @@ class Session:
         self._call_ids.add(call_id)
         return False
 
-    def turn_ended(self, turn: Turn) -> None:
+    def turn_ended(self, turn: Turn, result: TurnResult) -> None:
         if self._turn is turn:
             self._turn = None
+        if self.upstream is not None:
+            self.upstream.turn_ended(turn, result.calls, result.status)
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id} {self._machine.state}>"

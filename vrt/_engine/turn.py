@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
-from vrt._core.events import TextDelta, TurnEnded
+from vrt._core.events import TextDelta, Transcript, TurnEnded
 from vrt._core.results import CallRecord, TurnResult, TurnStatus
 from vrt._core.tables import TURN
 from vrt._engine.call import Call, _describe
@@ -28,10 +28,13 @@ from vrt.models import (
     CallEnd,
     CallStart,
     HistoryItem,
+    Model,
     Text,
     TurnInterrupted,
     Usage,
+    UserInput,
 )
+from vrt.models._realtime import Spoken
 
 if TYPE_CHECKING:
     from vrt._engine.session import Session
@@ -44,8 +47,13 @@ STOPPED = "the model stopped before completing the arguments"
 class Turn:
     """A running turn. Await :meth:`wait` for its :class:`~vrt.TurnResult`."""
 
-    def __init__(self, session: Session, turn_id: str, epoch: int, text: str) -> None:
+    def __init__(
+        self, session: Session, turn_id: str, epoch: int, text: str, *, after: Turn | None = None
+    ) -> None:
         self.session = session
+        self.text = text
+        """The user's input: what they typed, or what a realtime model heard them say."""
+        self._after = after  # a realtime model's own turn: the interrupted one ends first
         self.turn_id = turn_id
         self.epoch = epoch
         self.spans = TurnSpans(
@@ -73,19 +81,28 @@ class Turn:
         """The Turn machine's state (``generating``, ``awaiting``, ..., ``interrupted``)."""
         return self._machine.state
 
-    def interrupt(self, epoch: int | None = None) -> None:
+    def interrupt(
+        self, epoch: int | None = None, *, heard_ms: int | None = None, by_model: bool = False
+    ) -> None:
         """Interrupt the turn: sync and idempotent.
 
         Every open call moves to ``cancelled`` with an INTERRUPTED result at once, the
         session's epoch goes up by one (or to ``epoch``, the client's new one), and the
         turn's scope is cancelled. The turn ends ``interrupted`` once its tasks have
         unwound. Does nothing if the turn is already ending or ended.
+
+        With a realtime model, the model is told (its response cancelled, its audio
+        truncated to ``heard_ms``), unless the interrupt is the model's own (``by_model``:
+        it heard the user and stopped itself).
         """
         try:
             self._machine.send("interrupt")
         except InvalidTransition:
             return  # already interrupting or final: the machine says there is nothing to do
         self.session.epoch = epoch if epoch is not None else self.session.epoch + 1
+        upstream = self.session.upstream
+        if upstream is not None and not by_model:
+            upstream.interrupted(heard_ms)
         for call in list(self._open.values()):
             call.interrupt()
         self.spans.end("interrupted")  # at the interrupt, not once the tasks have unwound
@@ -121,6 +138,11 @@ class Turn:
         current_session.set(self.session)  # call tasks inherit it (confirmation)
         try:
             with self._scope:
+                if self._after is not None:  # a realtime model's turn: after the one it cut
+                    with contextlib.suppress(SessionClosed):
+                        await self._after.wait()
+                    self._after = None
+                    self.session.record(UserInput(turn_id=self.turn_id, text=self.text))
                 try:
                     async with trio.open_nursery() as nursery:
                         message = await self._loop(nursery)
@@ -197,7 +219,13 @@ class Turn:
         spans.step_started(step)
         token = spans.current()
         try:
-            await self._step_events(session.agent.model.stream(request), nursery)
+            upstream = session.upstream
+            stream = (
+                cast(Model, session.agent.model).stream(request)
+                if upstream is None
+                else upstream.step(self, request)
+            )
+            await self._step_events(stream, nursery)
         except Exception as exc:
             spans.step_ended(exc)
             raise
@@ -257,6 +285,12 @@ class Turn:
                     self._text.append(event.text)
                     if session.watched:
                         session.emit(TextDelta(turn_id=self.turn_id, text=event.text))
+                elif isinstance(event, Spoken):  # a realtime model's voice, as text
+                    self._text.append(event.text)
+                    if session.watched:
+                        session.emit(
+                            Transcript(turn_id=self.turn_id, role="agent", text=event.text)
+                        )
                 elif isinstance(event, Usage):
                     self.spans.usage(event.input_tokens, event.output_tokens)
                 else:
@@ -308,7 +342,7 @@ class Turn:
         self._calls = []
         self._records = []
         self.spans.end(status, message)
-        self.session.turn_ended(self)
+        self.session.turn_ended(self, self._result)
         if self.session.watched:
             self.session.emit(
                 TurnEnded(turn_id=self.turn_id, epoch=self.session.epoch, reason=status)

@@ -16,7 +16,7 @@ per connection, and says where and how to connect (the API key goes in a header 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeGuard, runtime_checkable
 
 import attrs
 
@@ -121,6 +121,14 @@ class UpstreamError:
     code: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class Spoken:
+    """Not an API's: what the engine feeds a turn's step for :class:`TranscriptOut` (the
+    turn keeps it as the agent's words and emits it as a ``vrt.Transcript``)."""
+
+    text: str
+
+
 RealtimeEvent = (
     Ready
     | ResponseStarted
@@ -159,6 +167,9 @@ class RealtimeProtocol(Protocol):
 
     answers_wait_for_settled: bool
     """True (Gemini): the answers of an interrupted turn wait for :class:`Settled`."""
+    cancels: bool
+    """Whether the API can cancel a response (OpenAI ``response.cancel``; Gemini: False,
+    an interrupt forgets a response asked for, since what comes next answers the user)."""
 
     def setup(self, seed: RealtimeSeed) -> list[Message]:
         """The messages that open the model session (OpenAI ``session.update``; Gemini
@@ -228,3 +239,8 @@ class RealtimeModel(Protocol):
         """Where to connect: the ``ws(s)://`` URL (no secret in it) and the headers (the
         key, in ``Authorization`` or ``x-goog-api-key``)."""
         ...
+
+
+def is_realtime(model: object) -> TypeGuard[RealtimeModel]:
+    """Whether ``model`` is a realtime one (held open for a session's life)."""
+    return getattr(model, "realtime", False) is True and isinstance(model, RealtimeModel)

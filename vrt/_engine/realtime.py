@@ -1,0 +1,612 @@
+"""A realtime model's connection, held for a session's life, and the turns its responses make.
+
+A session whose agent has a realtime model (:class:`vrt.models.OpenAIRealtime`,
+:class:`vrt.models.GeminiLive`) owns one :class:`Upstream`, a task in the session's nursery
+that holds the model's WebSocket. Its Upstream machine (:mod:`machines.upstream`) decides
+what may be sent: a request for a response only when none is active, requested or being
+cancelled; a cancel only while a response is active.
+
+How responses become turns. A response the model starts on its own (its voice detector
+heard the user) opens a turn (:meth:`Session.open_model_turn`), interrupting the open one
+first. A turn's first step is that response's events; a text turn (``start_turn``) sends
+the text and asks for a response. When a step ends with calls, the turn waits for them as
+with any model; its next step sends their results and asks for the next response. At the
+end of a turn, the results of calls not yet answered go upstream without a request (an
+interrupted turn's too: every call the model completed gets exactly one answer).
+
+Barge-in. The model's speech-start interrupts the open turn as ``session.interrupt()`` does
+(the model cancels its own response); the app's interrupt cancels the active response and
+truncates the assistant's audio to what was heard. Events of a response no longer wanted
+(late ones, a call delivered twice) are dropped with a DEBUG line; a call id runs at most
+once per session.
+
+A lost connection fails the step that waits on it (:class:`~vrt.ModelError`); the Upstream
+reconnects with backoff and seeds the new model session with the session's history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+import trio_websocket
+
+from vrt._core.bounded import RecentSet
+from vrt._core.events import AudioDelta, Transcript
+from vrt._core.results import CallRecord
+from vrt._core.tables import UPSTREAM
+from vrt._engine.groups import single_unwrapped
+from vrt._errors import InvalidTransition, ModelError
+from vrt.models import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest
+from vrt.models._realtime import (
+    AudioOut,
+    CallsCancelled,
+    Message,
+    Ready,
+    RealtimeEvent,
+    RealtimeModel,
+    RealtimeProtocol,
+    RealtimeSeed,
+    ResponseDone,
+    ResponseOutput,
+    ResponseStarted,
+    Settled,
+    SpeechStarted,
+    Spoken,
+    TranscriptOut,
+    UpstreamError,
+    UserTranscript,
+)
+
+if TYPE_CHECKING:
+    from vrt._engine.session import Session
+    from vrt._engine.turn import Turn
+
+log = logging.getLogger("vrt")
+
+AUDIO_BUFFER_SECONDS = 5.0
+"""The user's audio held while the connection is busy or down: past it, the oldest goes
+(counted in :attr:`Upstream.audio_dropped`)."""
+MAX_UPSTREAM_MESSAGE = 16 * 1024 * 1024
+"""Bytes of one message from the model (audio deltas are base64 in JSON)."""
+RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+"""Seconds between two attempts to connect (the last repeats)."""
+FEED_SIZE = 4096
+"""Events of a response waiting for its turn's step to take them (then the model waits)."""
+IDS_KEPT = 10_000
+"""Call and response ids remembered to drop duplicates and late events."""
+
+
+class _End:
+    """The response ended (its turn's step ends)."""
+
+
+class _Failed:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+_END = _End()
+FeedItem = ModelEvent | Spoken | _End | _Failed
+
+
+class Upstream:
+    """One session's connection to its realtime model (see the module's docstring)."""
+
+    def __init__(self, session: Session, model: RealtimeModel) -> None:
+        self.session = session
+        self.model = model
+        self.machine = UPSTREAM.new()
+        self.protocol: RealtimeProtocol | None = None
+        self.failure: str | None = None
+        """Why the last attempt to connect failed (short, no secret), or None."""
+        self.connections = 0
+        """How many times the model session was set up (1 + reconnects)."""
+        self.audio_dropped = 0
+        """Bytes of the user's audio dropped because the buffer was full."""
+        self._changed = trio.Event()  # set (and replaced) whenever the machine moves
+        self._out: deque[Message] = deque()  # control messages, in order
+        self._audio: deque[bytes] = deque()
+        self._audio_bytes = 0
+        self._wake = trio.Event()
+        self._active: str | None = None  # the response the machine holds open
+        self._feed: trio.MemorySendChannel[FeedItem] | None = None  # its step's, if bound
+        self._feed_turn: Turn | None = None
+        self._awaiting: tuple[Turn, trio.MemorySendChannel[FeedItem]] | None = None
+        self._opened: dict[Turn, trio.MemoryReceiveChannel[FeedItem]] = {}
+        self._over: RecentSet[str] = RecentSet(IDS_KEPT)  # responses ended or unwanted
+        self._call_ids: RecentSet[str] = RecentSet(IDS_KEPT)  # calls seen this session
+        self._live_calls: set[str] = set()  # calls of the active response, started
+        self._completed: dict[str, None] = {}  # calls the model completed, not answered
+        self._known: set[str] = set()  # calls the connected model session knows
+        self._cancelled: set[str] = set()  # Gemini: ids it cancelled (no answer)
+        self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
+        self._audio_ms: dict[str, float] = {}  # the active response's audio, per item
+        self._last_item = ""
+        self._user_said: str | None = None
+        self._broken: Turn | None = None  # a turn whose connection was lost mid-step
+
+    @property
+    def state(self) -> str:
+        """The Upstream machine's state."""
+        return self.machine.state
+
+    def _move(self, event: str) -> bool:
+        """Send ``event`` to the machine; False if it does not allow it here."""
+        try:
+            self.machine.send(event)
+        except InvalidTransition:
+            return False
+        self._changed.set()
+        self._changed = trio.Event()
+        return True
+
+    def _send(self, messages: Iterable[Message]) -> None:
+        self._out.extend(messages)
+        self._wake.set()
+
+    # -- the user's audio -------------------------------------------------------------------------
+
+    def send_audio(self, pcm: bytes) -> None:
+        """Queue the user's voice for the model: sync, never blocks; the buffer keeps the
+        newest :data:`AUDIO_BUFFER_SECONDS` (the oldest is dropped and counted)."""
+        limit = int(AUDIO_BUFFER_SECONDS * self.model.input_rate) * 2
+        if len(pcm) > limit:
+            self.audio_dropped += len(pcm) - limit
+            pcm = pcm[len(pcm) - limit :]
+        self._audio.append(pcm)
+        self._audio_bytes += len(pcm)
+        while self._audio_bytes > limit:
+            oldest = self._audio.popleft()
+            self._audio_bytes -= len(oldest)
+            self.audio_dropped += len(oldest)
+        self._wake.set()
+
+    # -- the connection ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Hold the connection for the session's life (cancelled with it), reconnecting
+        with backoff when it is lost."""
+        attempt = 0
+        try:
+            while True:
+                was_ready = await self._connection()
+                if was_ready:
+                    attempt = 0
+                delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
+                attempt += 1
+                if attempt == 1 or was_ready:
+                    log.warning(
+                        "session %s: the realtime model's connection %s (%s): connecting again",
+                        self.session.session_id,
+                        "was lost" if was_ready else "failed",
+                        self.failure,
+                    )
+                await trio.sleep(delay)
+                self._move("reconnect")
+        finally:
+            self._move("close")
+
+    async def _connection(self) -> bool:
+        """One connection, until it is lost; whether the model session got ready."""
+        url, headers = self.model.endpoint()
+        protocol = self.model.protocol()
+        self.protocol = protocol
+        ready = False
+        try:
+            with single_unwrapped():
+                async with trio.open_nursery() as nursery:
+                    with trio.fail_after(self.model.timeout):
+                        ws = await trio_websocket.connect_websocket_url(
+                            nursery,
+                            url,
+                            extra_headers=[(k.encode(), v.encode()) for k, v in headers],
+                            max_message_size=MAX_UPSTREAM_MESSAGE,
+                            message_queue_size=16,
+                        )
+                    try:
+                        nursery.start_soon(self._writer, ws)
+                        self._send(protocol.setup(self._seed(())))
+                        with trio.fail_after(self.model.timeout):
+                            while not ready:
+                                ready = await self._read_one(ws, protocol)
+                        self.connections += 1
+                        self.failure = None
+                        if self.connections > 1:
+                            log.info("session %s: the realtime model is connected again",
+                                 self.session.session_id)  # fmt: skip
+                        while True:
+                            await self._read_one(ws, protocol)
+                    finally:
+                        nursery.cancel_scope.cancel()
+                        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                            await ws.aclose()
+        except trio.TooSlowError:
+            self.failure = f"no answer from the model within {self.model.timeout:g} s"
+        except trio_websocket.ConnectionRejected as exc:
+            self.failure = f"the model refused the connection (HTTP {exc.status_code})"
+        except (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError) as exc:
+            reason = getattr(exc, "reason", None)
+            code = getattr(reason, "code", None)
+            self.failure = "the connection closed" + (f" ({code})" if code else "")
+        except OSError as exc:
+            self.failure = f"cannot connect: {exc.strerror or type(exc).__name__}"
+        except _Fatal as exc:
+            self.failure = str(exc)
+        self._lost()
+        return ready
+
+    def _seed(self, history: Sequence[Any]) -> RealtimeSeed:
+        session = self.session
+        return RealtimeSeed(
+            instructions=session.agent.instructions, tools=session.specs, history=history
+        )
+
+    async def _writer(self, ws: trio_websocket.WebSocketConnection) -> None:
+        with contextlib.suppress(trio_websocket.ConnectionClosed):  # the reader sees it too
+            await self._write(ws)
+
+    async def _write(self, ws: trio_websocket.WebSocketConnection) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._out or (self._audio and self.state != "connecting"):
+                if self._out:
+                    message = self._out.popleft()
+                else:
+                    pcm = self._audio.popleft()
+                    self._audio_bytes -= len(pcm)
+                    assert self.protocol is not None
+                    message = self.protocol.audio(pcm)[0]
+                await ws.send_message(json.dumps(message, separators=(",", ":")))
+
+    async def _read_one(
+        self, ws: trio_websocket.WebSocketConnection, protocol: RealtimeProtocol
+    ) -> bool:
+        """Read and act on one message; True if it made the model session ready."""
+        data = await ws.get_message()
+        try:
+            message = json.loads(data)
+            events = protocol.receive(message)
+        except ValueError as exc:
+            log.debug("session %s: a message from the model dropped: %s",
+                      self.session.session_id, str(exc)[:200])  # fmt: skip
+            return False
+        ready = False
+        for event in events:
+            if isinstance(event, Ready):
+                ready = self._on_ready(protocol) or ready
+            else:
+                await self._on(event, protocol)
+        return ready
+
+    def _on_ready(self, protocol: RealtimeProtocol) -> bool:
+        if not self._move("ready"):
+            return False  # a second session.updated: nothing new
+        history = list(self.session.history)
+        self._known = {item.call_id for item in history if isinstance(item, CallRecord)}
+        self._send(protocol.seed(self._seed(history)))
+        self._audio.clear()
+        self._audio_bytes = 0
+        return True
+
+    def _lost(self) -> None:
+        """The connection is gone: fail the step waiting on it; what the model knew is
+        seeded again from the history on the next connection."""
+        self._move("drop")
+        self._out.clear()
+        self._active = None
+        self._live_calls.clear()
+        self._completed.clear()
+        self._held.clear()
+        self._cancelled.clear()
+        message = f"the connection to the model was lost ({self.failure})"
+        if self._feed is not None:
+            self._fail_feed(self._feed, message)
+        elif self._awaiting is None and self.session.turn is not None:
+            self._broken = self.session.turn  # between two steps: it fails at its next
+        if self._awaiting is not None:
+            self._fail_feed(self._awaiting[1], message)
+            self._awaiting = None
+        self._feed = self._feed_turn = None
+
+    @staticmethod
+    def _fail_feed(feed: trio.MemorySendChannel[FeedItem], message: str) -> None:
+        try:
+            feed.send_nowait(_Failed(message))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            feed.close()
+
+    # -- what the model says ----------------------------------------------------------------------
+
+    async def _on(self, event: RealtimeEvent, protocol: RealtimeProtocol) -> None:
+        if isinstance(event, ResponseStarted):
+            self._on_started(event.response_id, protocol)
+        elif isinstance(event, ResponseOutput | TranscriptOut | AudioOut):
+            rid = event.response_id
+            if rid != self._active and not self._implicit_start(rid, protocol):
+                log.debug("session %s: an event of response %s dropped (not the current one)",
+                          self.session.session_id, rid)  # fmt: skip
+                return
+            if isinstance(event, AudioOut):
+                self._on_audio(event)
+            elif isinstance(event, TranscriptOut):
+                await self._feed_item(Spoken(text=event.text))
+            else:
+                item = self._filter_call(event.event)
+                if item is not None:
+                    await self._feed_item(item)
+        elif isinstance(event, ResponseDone):
+            self._on_done(event, protocol)
+        elif isinstance(event, SpeechStarted):
+            self._on_speech(protocol)
+        elif isinstance(event, UserTranscript):
+            turn = self.session.turn
+            self._user_said = event.text
+            if self.session.watched:
+                self.session.emit(
+                    Transcript(turn_id=turn.turn_id if turn else "", role="user", text=event.text)
+                )
+        elif isinstance(event, CallsCancelled):
+            self._cancelled.update(event.call_ids)
+            for call_id in event.call_ids:
+                self._completed.pop(call_id, None)
+        elif isinstance(event, Settled):
+            held, self._held = self._held, []
+            self._answer([r for r in held if r.call_id not in self._cancelled], respond=False)
+            self._cancelled.clear()
+        elif isinstance(event, UpstreamError):
+            log.warning("session %s: the realtime model says: %s%s", self.session.session_id,
+                        event.message, f" ({event.code})" if event.code else "")  # fmt: skip
+            if event.fatal:
+                raise _Fatal(event.message)
+
+    def _on_started(self, rid: str, protocol: RealtimeProtocol) -> None:
+        if rid in self._over:
+            return
+        state = self.state
+        if state == "unwanted":
+            self._move("started")  # cancelling: it is cancelled as soon as it exists
+            self._over.add(rid)
+            self._active = rid
+            self._send(protocol.cancel())
+            return
+        if not self._move("started"):
+            log.debug("session %s: response %s started in state %s: dropped",
+                      self.session.session_id, rid, state)  # fmt: skip
+            self._over.add(rid)
+            return
+        self._active = rid
+        self._live_calls.clear()
+        self._audio_ms = {}
+        if state == "requested" and self._awaiting is not None:
+            self._feed_turn, self._feed = self._awaiting
+            self._awaiting = None
+            return
+        # The model's own response (its voice detector heard the user): a new turn.
+        send, receive = trio.open_memory_channel[FeedItem](FEED_SIZE)
+        text, self._user_said = self._user_said or "", None
+        turn = self.session.open_model_turn(text)
+        self._opened[turn] = receive
+        self._feed, self._feed_turn = send, turn
+
+    def _implicit_start(self, rid: str, protocol: RealtimeProtocol) -> bool:
+        """An event of a response never announced (a real server's quirk: no
+        ``response.created``): taken as its start when one is awaited."""
+        if rid in self._over or self._active is not None:
+            return False
+        if self.state not in ("requested", "unwanted", "idle"):
+            return False
+        self._on_started(rid, protocol)
+        return self._active == rid and self.state == "responding"
+
+    def _filter_call(self, event: ModelEvent) -> ModelEvent | None:
+        """Drop a call delivered twice, and fragments of calls not live in this response."""
+        if isinstance(event, CallStart):
+            if event.call_id in self._call_ids:
+                log.debug("session %s: call %s delivered again: dropped",
+                          self.session.session_id, event.call_id)  # fmt: skip
+                return None
+            self._call_ids.add(event.call_id)
+            self._live_calls.add(event.call_id)
+        elif isinstance(event, CallDelta | CallEnd):
+            if event.call_id not in self._live_calls:
+                log.debug("session %s: an event of call %s dropped (not live)",
+                          self.session.session_id, event.call_id)  # fmt: skip
+                return None
+            if isinstance(event, CallEnd):
+                self._live_calls.discard(event.call_id)
+                self._completed[event.call_id] = None
+                self._known.add(event.call_id)
+        return event
+
+    async def _feed_item(self, item: FeedItem) -> None:
+        feed = self._feed
+        if feed is None:
+            return  # the step stopped taking them (an interrupt): dropped
+        try:
+            await feed.send(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._feed = None
+
+    def _on_audio(self, event: AudioOut) -> None:
+        turn = self._feed_turn
+        if turn is None or self._feed is None:
+            return
+        rate = self.model.output_rate
+        ms = len(event.pcm) / 2 / rate * 1000
+        self._audio_ms[event.item_id] = self._audio_ms.get(event.item_id, 0.0) + ms
+        self._last_item = event.item_id
+        if self.session.watched:
+            self.session.emit(AudioDelta(turn_id=turn.turn_id, pcm=event.pcm, sample_rate=rate))
+
+    def _on_done(self, event: ResponseDone, protocol: RealtimeProtocol) -> None:
+        rid = event.response_id
+        if rid != self._active:
+            if rid in self._over or not self._implicit_start(rid, protocol):
+                if self.state == "unwanted" and rid not in self._over:
+                    self._move("done")  # the unwanted one ended before we saw it start
+                    self._over.add(rid)
+                return
+        self._over.add(rid)
+        self._active = None
+        self._move("done")
+        feed, self._feed, self._feed_turn = self._feed, None, None
+        if feed is None:
+            return
+        item: FeedItem = _END
+        if event.status == "failed":
+            item = _Failed(f"the model's response failed: {event.message or 'no reason given'}")
+        try:
+            feed.send_nowait(item)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        feed.close()
+
+    def _on_speech(self, protocol: RealtimeProtocol) -> None:
+        """The model heard the user start speaking: barge-in from the model."""
+        state = self.state
+        turn = self.session.turn
+        if turn is not None and turn.state not in ("finished", "interrupted", "failed"):
+            self._truncate(None, protocol)
+            turn.interrupt(by_model=True)
+        if state == "requested" and not protocol.cancels:
+            self._move("forget")
+            self._drop_awaiting()
+        else:
+            self._move("speech")
+        self._stop_feed()
+
+    # -- what the turns ask -----------------------------------------------------------------------
+
+    async def step(self, turn: Turn, request: ModelRequest) -> AsyncIterator[FeedItem]:
+        """One step of ``turn``: the events of one response, up to its end."""
+        receive = self._opened.pop(turn, None)
+        if receive is None:
+            if self._broken is turn:
+                self._broken = None
+                raise ModelError("the connection to the model was lost")
+            receive = await self._request(turn, request)
+        timeout = self.model.timeout
+        async with receive:
+            while True:
+                with trio.move_on_after(timeout) as waited:
+                    try:
+                        item = await receive.receive()
+                    except trio.EndOfChannel:
+                        return  # an interrupt stopped the feed (the turn's scope is cancelled)
+                if waited.cancelled_caught:
+                    raise ModelError(f"the model sent nothing for {timeout:g} s")
+                if isinstance(item, _End):
+                    return
+                if isinstance(item, _Failed):
+                    raise ModelError(item.message)
+                yield item
+
+    async def _request(
+        self, turn: Turn, request: ModelRequest
+    ) -> trio.MemoryReceiveChannel[FeedItem]:
+        """Send the text or the previous step's results and ask for the next response."""
+        with trio.move_on_after(self.model.timeout):
+            while self.state != "idle":
+                await self._changed.wait()
+        if self.state != "idle":
+            why = self.failure or f"the model's connection is {self.state}"
+            raise ModelError(f"the model is not ready: {why}")
+        protocol = self.protocol
+        assert protocol is not None
+        if request.step == 1:
+            self._send(protocol.user_text(turn.text))
+        else:
+            records = [
+                item
+                for item in request.history
+                if isinstance(item, CallRecord) and item.call_id in self._completed
+            ]
+            self._answer(records, respond=True)
+        self._move("create")
+        send, receive = trio.open_memory_channel[FeedItem](FEED_SIZE)
+        self._awaiting = (turn, send)
+        return receive
+
+    def _answer(self, records: Sequence[CallRecord], *, respond: bool) -> None:
+        """One answer per record upstream (records the model session does not know, after a
+        reconnect, as seeded history), then, if ``respond``, a request for a response."""
+        protocol = self.protocol
+        if protocol is None or self.state in ("connecting", "lost", "closed"):
+            return
+        for record in records:
+            self._completed.pop(record.call_id, None)
+        known = [r for r in records if r.call_id in self._known]
+        unknown = [r for r in records if r.call_id not in self._known]
+        if unknown:
+            self._send(protocol.seed(self._seed(unknown)))
+        if known:
+            self._send(protocol.answers(known, respond=False))
+        if respond:
+            self._send(protocol.respond())
+
+    def turn_ended(self, turn: Turn, records: Sequence[CallRecord], status: str) -> None:
+        """``turn`` ended: its calls the model completed and nobody answered get their
+        answers now, with no request for a response (Gemini, after an interrupt: once it
+        says which it cancelled)."""
+        self._opened.pop(turn, None)
+        if self._broken is turn:
+            self._broken = None
+        pending = [r for r in records if r.call_id in self._completed]
+        if not pending:
+            return
+        protocol = self.protocol
+        if status == "interrupted" and protocol is not None and protocol.answers_wait_for_settled:
+            for record in pending:
+                self._completed.pop(record.call_id, None)
+            self._held.extend(pending)
+            return
+        self._answer(pending, respond=False)
+
+    def interrupted(self, heard_ms: int | None) -> None:
+        """The app interrupted the turn: cancel the active response, or make a requested one
+        unwanted; truncate the assistant's audio to what the user heard."""
+        protocol = self.protocol
+        if protocol is None:
+            return
+        state = self.state
+        self._truncate(heard_ms, protocol)
+        if state == "responding":
+            self._move("interrupt")
+            self._send(protocol.cancel())
+        elif state == "requested" and not protocol.cancels:
+            self._move("forget")
+            self._drop_awaiting()
+        else:
+            self._move("interrupt")
+        self._stop_feed()
+
+    def _truncate(self, heard_ms: int | None, protocol: RealtimeProtocol) -> None:
+        item = self._last_item
+        sent = self._audio_ms.get(item)
+        if not item or sent is None or self._active is None:
+            return
+        ms = sent if heard_ms is None else min(float(heard_ms), sent)
+        self._send(protocol.truncate(item, int(ms)))
+        self._audio_ms = {}
+
+    def _stop_feed(self) -> None:
+        """The open turn is interrupted: the rest of its response is dropped."""
+        if self._feed is not None:
+            self._feed.close()
+        self._feed = self._feed_turn = None
+
+    def _drop_awaiting(self) -> None:
+        if self._awaiting is not None:
+            self._awaiting[1].close()
+            self._awaiting = None
+
+
+class _Fatal(Exception):
+    """The model said the connection is over."""
