@@ -126,6 +126,7 @@ class Upstream:
         self._known: set[str] = set()  # calls the connected model session knows
         self._cancelled: set[str] = set()  # Gemini: ids it cancelled (no answer)
         self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
+        self._unsettled = False  # Gemini: it heard the user; its cancellations may follow
         self._audio_ms: dict[str, float] = {}  # the active response's audio, per item
         self._last_item = ""
         self._user_said: str | None = None
@@ -305,6 +306,7 @@ class Upstream:
         self._completed.clear()
         self._held.clear()
         self._cancelled.clear()
+        self._unsettled = False
         message = f"the connection to the model was lost ({self.failure})"
         if self._feed is not None:
             self._fail_feed(self._feed, message)
@@ -357,9 +359,9 @@ class Upstream:
             for call_id in event.call_ids:
                 self._completed.pop(call_id, None)
         elif isinstance(event, Settled):
+            self._unsettled = False
             held, self._held = self._held, []
             self._answer([r for r in held if r.call_id not in self._cancelled], respond=False)
-            self._cancelled.clear()
         elif isinstance(event, UpstreamError):
             log.warning("session %s: the realtime model says: %s%s", self.session.session_id,
                         event.message, f" ({event.code})" if event.code else "")  # fmt: skip
@@ -472,14 +474,17 @@ class Upstream:
         """The model heard the user start speaking: barge-in from the model."""
         state = self.state
         turn = self.session.turn
+        if protocol.answers_wait_for_settled:
+            self._unsettled = True  # the ids it cancels, if any, come before it settles
+            self._cancelled.clear()
         if turn is not None and turn.state not in ("finished", "interrupted", "failed"):
             self._truncate(None, protocol)
             turn.interrupt(by_model=True)
         if state == "requested" and not protocol.cancels:
             self._move("forget")
-            self._drop_awaiting()
         else:
             self._move("speech")
+        self._drop_awaiting()
         self._stop_feed()
 
     # -- what the turns ask -----------------------------------------------------------------------
@@ -561,13 +566,12 @@ class Upstream:
         pending = [r for r in records if r.call_id in self._completed]
         if not pending:
             return
-        protocol = self.protocol
-        if status == "interrupted" and protocol is not None and protocol.answers_wait_for_settled:
+        if status == "interrupted" and self._unsettled:  # Gemini heard the user
             for record in pending:
                 self._completed.pop(record.call_id, None)
             self._held.extend(pending)
             return
-        self._answer(pending, respond=False)
+        self._answer([r for r in pending if r.call_id not in self._cancelled], respond=False)
 
     def interrupted(self, heard_ms: int | None) -> None:
         """The app interrupted the turn: cancel the active response, or make a requested one
@@ -582,9 +586,9 @@ class Upstream:
             self._send(protocol.cancel())
         elif state == "requested" and not protocol.cancels:
             self._move("forget")
-            self._drop_awaiting()
         else:
             self._move("interrupt")
+        self._drop_awaiting()
         self._stop_feed()
 
     def _truncate(self, heard_ms: int | None, protocol: RealtimeProtocol) -> None:

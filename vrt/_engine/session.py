@@ -128,6 +128,9 @@ class Session:
         )
         """A realtime model's connection, held for the session's life (None for a model
         stepped request by request)."""
+        self.model_turn_opened: Callable[[Turn], None] | None = None
+        """Called when a realtime model opens a turn of its own (``vrt.serve``: the session
+        is busy until it ends)."""
 
     @property
     def state(self) -> str:
@@ -266,6 +269,8 @@ class Session:
             self.emit(TurnStarted(turn_id=turn.turn_id, epoch=turn.epoch))
         assert self._nursery is not None
         self._nursery.start_soon(turn.run)
+        if self.model_turn_opened is not None:
+            self.model_turn_opened(turn)
         return turn
 
     def send_audio(self, pcm: bytes) -> None:

@@ -21,6 +21,7 @@ from vrt._errors import SessionClosed
 if TYPE_CHECKING:
     from vrt._cluster.keeper import Keeper
     from vrt._core.tables import Machine, StrictMachine
+    from vrt._engine.turn import Turn
 
 
 class Turns:
@@ -42,6 +43,17 @@ class Turns:
     def run_in(self, session: Session, nursery: trio.Nursery) -> None:
         """Start turns of ``session`` in ``nursery`` (the session's) from now on."""
         self._session, self._nursery = session, nursery
+        session.model_turn_opened = self.model_turn
+
+    def model_turn(self, turn: Turn) -> None:
+        """A realtime model opened a turn of its own (it heard the user): the session is
+        busy until it ends, as for an input's (a session moving meanwhile goes at its
+        end)."""
+        self.turned = True
+        if self.movement.can("start"):
+            self.movement.send("start")
+            assert self._nursery is not None and self._session is not None
+            self._nursery.start_soon(self._run, self._session)
 
     @property
     def waiting(self) -> tuple[str, ...]:
