@@ -13,12 +13,19 @@ Events): :class:`OpenAIChat` (Chat Completions, and vLLM, Ollama, llama.cpp, LM 
 :class:`OpenAIResponses` (the Responses API, stateless) and :class:`AnthropicMessages`.
 What each sends is public and pure: :func:`render_openai_chat`,
 :func:`render_openai_responses`, :func:`render_anthropic`.
+
+Realtime (speech-to-speech) models, held open over one WebSocket for a session's life:
+:class:`OpenAIRealtime` (the Realtime API) and :class:`GeminiLive` (the Live API). Each is
+a :class:`RealtimeModel`; a new model session starts from a :class:`RealtimeSeed` (the
+instructions, the tools and the history so far).
 """
 
 from vrt._core.results import CallRecord
 from vrt.models._adapters import AnthropicMessages, OpenAIChat, OpenAIResponses
 from vrt.models._anthropic import render_anthropic
 from vrt.models._chat import render_openai_chat
+from vrt.models._gemini_live import GeminiLive
+from vrt.models._openai_realtime import OpenAIRealtime
 from vrt.models._protocol import (
     AgentText,
     CallDelta,
@@ -34,6 +41,7 @@ from vrt.models._protocol import (
     Usage,
     UserInput,
 )
+from vrt.models._realtime import RealtimeModel, RealtimeSeed
 from vrt.models._responses import render_openai_responses
 
 __all__ = [
@@ -43,12 +51,16 @@ __all__ = [
     "CallEnd",
     "CallRecord",
     "CallStart",
+    "GeminiLive",
     "HistoryItem",
     "Model",
     "ModelEvent",
     "ModelRequest",
     "OpenAIChat",
+    "OpenAIRealtime",
     "OpenAIResponses",
+    "RealtimeModel",
+    "RealtimeSeed",
     "Text",
     "ToolSpec",
     "TurnInterrupted",
