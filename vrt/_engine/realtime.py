@@ -307,6 +307,7 @@ class Upstream:
         self._held.clear()
         self._cancelled.clear()
         self._unsettled = False
+        self._over = RecentSet(IDS_KEPT)  # a new connection's ids may repeat (Gemini's)
         message = f"the connection to the model was lost ({self.failure})"
         if self._feed is not None:
             self._fail_feed(self._feed, message)

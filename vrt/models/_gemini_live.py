@@ -119,6 +119,7 @@ class GeminiLiveProtocol:
     :meth:`GeminiLive.protocol`."""
 
     answers_wait_for_settled = True
+    cancels = False
 
     def __init__(self, config: GeminiLive, key: str | None) -> None:
         self._config = config

@@ -126,6 +126,7 @@ class OpenAIRealtimeProtocol:
     :meth:`OpenAIRealtime.protocol`."""
 
     answers_wait_for_settled = False
+    cancels = True
 
     def __init__(self, config: OpenAIRealtime, key: str | None) -> None:
         self._config = config
