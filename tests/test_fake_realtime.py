@@ -24,6 +24,7 @@ from trio_websocket import (
 
 import vrt
 from vrt.testing import FakeRealtime
+from vrt.testing._realtime_core import VoiceDetector, tone, utterance
 
 KEY = "sk-test-0123456789"
 SESSION = {
@@ -265,7 +266,7 @@ async def test_openai_create_while_active_is_refused() -> None:
 
 async def test_openai_cancel_stops_the_response_where_it_is() -> None:
     steps = [[vrt.say("Hi"), vrt.call("search", {"q": "a long query text"}, chunks=8)]]
-    async with FakeRealtime(steps, delay=0.02) as fake, openai(fake) as peer:
+    async with FakeRealtime(steps, delay=0.05) as fake, openai(fake) as peer:
         await peer.send({"type": "response.cancel"})  # none active
         refused = await peer.until_type("error")
         assert refused[-1]["error"]["code"] == "response_cancel_not_active"
@@ -423,7 +424,7 @@ async def test_openai_speak_without_audio_and_no_interrupt() -> None:
 @pytest.mark.parametrize("quirk", ["no-created", "duplicate-call", "late-done"])
 async def test_openai_quirks(quirk: str) -> None:
     steps = [[vrt.call("lookup", {"id": 12345678}, chunks=6)]]
-    delay = 0.02 if quirk == "late-done" else 0.0
+    delay = 0.05 if quirk == "late-done" else 0.0
     async with FakeRealtime(steps, quirks=[quirk], delay=delay) as fake, openai(fake) as peer:
         await peer.send({"type": "response.create"})
         if quirk == "late-done":
@@ -693,3 +694,41 @@ async def open_websocket_url_later() -> AsyncIterator[Callable[[str], Any]]:
             yield connect
         finally:
             done.set()
+
+
+# -- the pieces, without sockets -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pieces", "heard"),
+    [
+        ([silence(2000)], []),
+        ([loud(80), silence(400), loud(80)], []),  # too short to be speech
+        ([silence(100), loud(200), silence(400)], [(True, 100)]),  # not yet stopped
+        ([silence(100), loud(200), silence(500)], [(True, 100), (False, 800)]),
+        # the same, in pieces that cut windows in two (and a sample in two)
+        (
+            [
+                silence(100)[:3],
+                silence(100)[3:] + loud(200)[:1001],
+                loud(200)[1001:] + silence(500),
+            ],
+            [(True, 100), (False, 800)],
+        ),
+    ],
+)
+def test_voice_detector(pieces: list[bytes], heard: list[tuple[bool, int]]) -> None:
+    detector = VoiceDetector(24000, 0.02, stop_ms=500)
+    got = [event for piece in pieces for event in detector.feed(piece)]
+    assert [(event.started, event.at_ms) for event in got] == heard
+
+
+def test_the_fake_speaks_a_tone_a_word_at_a_time() -> None:
+    chunks = utterance(" one two  three ", 50)
+    assert "".join(chunk.transcript for chunk in chunks) == " one two  three "
+    assert sum(chunk.samples for chunk in chunks) == 3 * 24000 * 60 // 1000
+    assert [chunk.transcript for chunk in chunks] == [" one ", "two  ", "three ", ""]
+    pcm = b"".join(tone(chunk.start, chunk.samples) for chunk in chunks)
+    samples = array("h", pcm)
+    assert len(samples) == 3 * 1440 and max(samples) == round(0.3 * 32767)
+    assert pcm == tone(0, len(samples))  # in phase from chunk to chunk

@@ -107,8 +107,10 @@ class FakeRealtime:
     (:meth:`user_said`, else ``"(speech)"``) where the session asked for one. The test can
     say the same without audio: :meth:`speech_started`, :meth:`speak`.
 
-    The fake's voice: a 400 Hz tone, 60 ms a word, in chunks of ``chunk_ms``; ``delay``
-    paces every message of a response. ``quirks`` (any of them): ``"no-created"`` (OpenAI:
+    The fake's voice: a 400 Hz tone, 60 ms a word, in chunks of ``chunk_ms``; ``audio``
+    False: text instead, until the client's session says otherwise (OpenAI
+    ``output_modalities``, Gemini ``responseModalities``); ``delay`` paces every message
+    of a response. ``quirks`` (any of them): ``"no-created"`` (OpenAI:
     a response without ``response.created``), ``"no-cancellation"`` (Gemini: no
     ``toolCallCancellation``, ever), ``"duplicate-call"`` (the same call twice: OpenAI a
     second function call item with the same ``call_id``; Gemini the ``toolCall`` sent
@@ -118,6 +120,10 @@ class FakeRealtime:
     ``key``: the connection must carry it (OpenAI ``Authorization: Bearer KEY``; Gemini
     ``x-goog-api-key: KEY``), else the upgrade is refused with HTTP 401; a key in the URL
     is refused too, and is a violation whether or not ``key`` is given.
+
+    Every wait on a client has a deadline: its upgrade request and Gemini's ``setup``
+    (:data:`HANDSHAKE_TIMEOUT`), its answer to a close (:data:`CLOSE_TIMEOUT`), a message
+    it leaves unread (:data:`SEND_TIMEOUT`, then it is dropped); a client may stay idle.
     """
 
     def __init__(

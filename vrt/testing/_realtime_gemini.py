@@ -120,6 +120,7 @@ class GeminiServer(ServerCore):
         their answers are taken and lead nowhere."""
         self.turns = 0
         self.detector: VoiceDetector | None = None
+        self.speaking = False
         self._transcript: str | None = None
         self._audio = config.audio
 
@@ -234,10 +235,8 @@ class GeminiServer(ServerCore):
                 self._speech_start()
             else:
                 self._speech_stop()
-        if _field(given, "audioStreamEnd") and automatic:
-            if self.detector is not None and self.detector.speaking:
-                self.detector.force(False)
-                self._speech_stop()
+        if _field(given, "audioStreamEnd") and automatic and self.speaking:
+            self.speech_stopped()
         if isinstance(_field(given, "text"), str):
             if self.phase in ("responding", "awaiting"):
                 self._interrupt()
@@ -301,14 +300,14 @@ class GeminiServer(ServerCore):
     # -- the voice detector --------------------------------------------------------------------
 
     def speech_started(self) -> None:
-        if self.phase == "setup":
+        if self.phase == "setup" or self.speaking:
             return
         if self.detector is not None:
             self.detector.force(True)
         self._speech_start()
 
     def speech_stopped(self) -> None:
-        if self.phase == "setup":
+        if self.phase == "setup" or not self.speaking:
             return
         if self.detector is not None:
             self.detector.force(False)
@@ -318,10 +317,12 @@ class GeminiServer(ServerCore):
         self._transcript = text
 
     def _speech_start(self) -> None:
+        self.speaking = True
         if self.phase in ("responding", "awaiting") and self._interrupts:
             self._interrupt()
 
     def _speech_stop(self) -> None:
+        self.speaking = False
         said = self._transcript if self._transcript is not None else "(speech)"
         self._transcript = None
         if _field(self.setup, "inputAudioTranscription") is not None:

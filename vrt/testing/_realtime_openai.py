@@ -559,12 +559,12 @@ class OpenAIServer(ServerCore):
             self._speech_stop(heard.at_ms)
 
     def speech_started(self) -> None:
-        if self._vad is not None:  # no detector runs with turn detection off
+        if self._vad is not None and not self.detector.speaking:  # none runs without VAD
             self.detector.force(True)
             self._speech_start(self.detector.heard_ms)
 
     def speech_stopped(self) -> None:
-        if self._vad is not None:
+        if self._vad is not None and self.detector.speaking:
             self.detector.force(False)
             self._speech_stop(self.detector.heard_ms)
 
@@ -584,9 +584,12 @@ class OpenAIServer(ServerCore):
         item_id = self._speech_item or self.script.new_id("item_")
         stopped = {"audio_end_ms": at_ms, "item_id": item_id}
         self.outbox.append({"type": "input_audio_buffer.speech_stopped", **stopped})
-        self._commit_speech(item_id)
+        vad = self._vad or {}
+        self._commit_speech(item_id, respond=bool(vad.get("create_response", True)))
 
-    def _commit_speech(self, item_id: str) -> None:
+    def _commit_speech(self, item_id: str, *, respond: bool = False) -> None:
+        """The audio buffer becomes a user message item (with its transcript, if the
+        session asks for them); ``respond``: and a response starts, unless one is on."""
         self._speech_item = None
         self._buffered = 0
         previous = self.items[-1]["id"] if self.items else None
@@ -615,8 +618,7 @@ class OpenAIServer(ServerCore):
                 "transcript": said,
                 "usage": {"type": "duration", "seconds": 1},
             }
-        vad = self._vad or {}
-        if self.response is None and vad and vad.get("create_response", True):
+        if respond and self.response is None:
             self._start(transcribed)
         elif transcribed is not None:
             self.outbox.append(transcribed)
