@@ -15,6 +15,10 @@
   client), whose tools do what each call's arguments say, so :func:`expected_result`
   knows every call's result in advance (:func:`asks_confirmation`, :func:`truncated`);
   :class:`TurnScripts`, a model that plays one generated script per user input.
+- Fake model servers on loopback, which play ``vrt.say``/``vrt.call`` scripts in a real
+  API's wire format and quirks: :class:`FakeProvider` (HTTP: Chat Completions, Responses,
+  Anthropic Messages) and :class:`FakeRealtime` (WebSocket: OpenAI Realtime, Gemini Live,
+  with a voice detector on the audio it hears).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from vrt._server.option_types import ServerOptions
 from vrt._server.serve import Server, serve
 from vrt.testing._providers import FakeProvider
 from vrt.testing._proxy import LoopbackProxy
+from vrt.testing._realtime import FakeRealtime
 from vrt.testing._scripted_agent import (
     TurnScripts,
     asks_confirmation,
@@ -51,6 +56,7 @@ from vrt.testing._strategies import (
 __all__ = [
     "CuttingConnection",
     "FakeProvider",
+    "FakeRealtime",
     "LoopbackProxy",
     "TurnScripts",
     "asks_confirmation",
