@@ -29,9 +29,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import trio
 import trio_websocket
@@ -42,7 +45,7 @@ from vrt._core.results import CallRecord
 from vrt._core.tables import UPSTREAM
 from vrt._engine.groups import single_unwrapped
 from vrt._errors import InvalidTransition, ModelError
-from vrt.models import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest
+from vrt.models import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, UserInput
 from vrt.models._realtime import (
     AudioOut,
     CallsCancelled,
@@ -124,6 +127,7 @@ class Upstream:
         self._live_calls: set[str] = set()  # calls of the active response, started
         self._completed: dict[str, None] = {}  # calls the model completed, not answered
         self._known: set[str] = set()  # calls the connected model session knows
+        self._asked: RecentSet[str] = RecentSet(IDS_KEPT)  # turns whose input went upstream
         self._cancelled: set[str] = set()  # Gemini: ids it cancelled (no answer)
         self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
         self._unsettled = False  # Gemini: it heard the user; its cancellations may follow
@@ -162,10 +166,16 @@ class Upstream:
             pcm = pcm[len(pcm) - limit :]
         self._audio.append(pcm)
         self._audio_bytes += len(pcm)
-        while self._audio_bytes > limit:
+        while self._audio_bytes > limit:  # the oldest goes, to the byte (PCM16: even)
+            excess = self._audio_bytes - limit
             oldest = self._audio.popleft()
-            self._audio_bytes -= len(oldest)
-            self.audio_dropped += len(oldest)
+            if len(oldest) > excess:
+                self._audio.appendleft(oldest[excess:])
+                self._audio_bytes -= excess
+                self.audio_dropped += excess
+            else:
+                self._audio_bytes -= len(oldest)
+                self.audio_dropped += len(oldest)
         self._wake.set()
 
     # -- the connection ---------------------------------------------------------------------------
@@ -201,32 +211,22 @@ class Upstream:
         ready = False
         try:
             with single_unwrapped():
-                async with trio.open_nursery() as nursery:
+                async with (
+                    _open_ws(url, headers, self.model.timeout) as ws,
+                    trio.open_nursery() as nursery,
+                ):
+                    nursery.start_soon(self._writer, ws)
+                    self._send(protocol.setup(self._seed(())))
                     with trio.fail_after(self.model.timeout):
-                        ws = await trio_websocket.connect_websocket_url(
-                            nursery,
-                            url,
-                            extra_headers=[(k.encode(), v.encode()) for k, v in headers],
-                            max_message_size=MAX_UPSTREAM_MESSAGE,
-                            message_queue_size=16,
-                        )
-                    try:
-                        nursery.start_soon(self._writer, ws)
-                        self._send(protocol.setup(self._seed(())))
-                        with trio.fail_after(self.model.timeout):
-                            while not ready:
-                                ready = await self._read_one(ws, protocol)
-                        self.connections += 1
-                        self.failure = None
-                        if self.connections > 1:
-                            log.info("session %s: the realtime model is connected again",
+                        while not ready:
+                            ready = await self._read_one(ws, protocol)
+                    self.connections += 1
+                    self.failure = None
+                    if self.connections > 1:
+                        log.info("session %s: the realtime model is connected again",
                                  self.session.session_id)  # fmt: skip
-                        while True:
-                            await self._read_one(ws, protocol)
-                    finally:
-                        nursery.cancel_scope.cancel()
-                        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                            await ws.aclose()
+                    while True:
+                        await self._read_one(ws, protocol)
         except trio.TooSlowError:
             self.failure = f"no answer from the model within {self.model.timeout:g} s"
         except trio_websocket.ConnectionRejected as exc:
@@ -290,10 +290,13 @@ class Upstream:
         if not self._move("ready"):
             return False  # a second session.updated: nothing new
         history = list(self.session.history)
+        turn = self.session.turn
+        if turn is not None and turn.turn_id not in self._asked:  # its step 1 sends it
+            cut = [i for i, item in enumerate(history) if isinstance(item, UserInput)
+                   and item.turn_id == turn.turn_id]  # fmt: skip
+            history = history[: cut[0]] if cut else history
         self._known = {item.call_id for item in history if isinstance(item, CallRecord)}
         self._send(protocol.seed(self._seed(history)))
-        self._audio.clear()
-        self._audio_bytes = 0
         return True
 
     def _lost(self) -> None:
@@ -301,6 +304,8 @@ class Upstream:
         seeded again from the history on the next connection."""
         self._move("drop")
         self._out.clear()
+        self._audio.clear()  # the user's words of the outage: stale by the next connection
+        self._audio_bytes = 0
         self._active = None
         self._live_calls.clear()
         self._completed.clear()
@@ -395,6 +400,7 @@ class Upstream:
         send, receive = trio.open_memory_channel[FeedItem](FEED_SIZE)
         text, self._user_said = self._user_said or "", None
         turn = self.session.open_model_turn(text)
+        self._asked.add(turn.turn_id)
         self._opened[turn] = receive
         self._feed, self._feed_turn = send, turn
 
@@ -528,6 +534,7 @@ class Upstream:
         assert protocol is not None
         if request.step == 1:
             self._send(protocol.user_text(turn.text))
+            self._asked.add(turn.turn_id)
         else:
             records = [
                 item
@@ -611,6 +618,55 @@ class Upstream:
         if self._awaiting is not None:
             self._awaiting[1].close()
             self._awaiting = None
+
+
+@asynccontextmanager
+async def _open_ws(
+    url: str, headers: list[tuple[str, str]], seconds: float
+) -> AsyncIterator[trio_websocket.WebSocketConnection]:
+    """A WebSocket to the model: TCP (TLS for ``wss://``, the system's trust store), then
+    the upgrade, each within ``seconds``. We open and always close the TCP stream
+    ourselves: trio-websocket's client leaves it open when the server closes first. When
+    the session closes (a cancel), the socket is closed without a close handshake: the
+    reader that would take the peer's reply is cancelled with it."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise _Fatal(f"not a ws:// or wss:// URL: {parts.scheme}://{parts.hostname}")
+    secure = parts.scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    with trio.fail_after(seconds):
+        tcp = await trio.open_tcp_stream(parts.hostname, port)
+    try:
+        stream: trio.abc.Stream = tcp
+        if secure:
+            tls = trio.SSLStream(
+                tcp,
+                ssl.create_default_context(),
+                server_hostname=parts.hostname,
+                https_compatible=True,
+            )
+            with trio.fail_after(seconds):
+                await tls.do_handshake()
+            stream = tls
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(seconds):
+                ws = await trio_websocket.wrap_client_stream(
+                    nursery,
+                    stream,  # type: ignore[arg-type]
+                    parts.hostname,
+                    resource,
+                    extra_headers=[(k.encode(), v.encode()) for k, v in headers],
+                    max_message_size=MAX_UPSTREAM_MESSAGE,
+                    message_queue_size=16,
+                )
+            try:
+                yield ws
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await tcp.aclose()
 
 
 class _Fatal(Exception):

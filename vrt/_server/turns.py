@@ -52,7 +52,8 @@ class Turns:
         self.turned = True
         if self.movement.can("start"):
             self.movement.send("start")
-            assert self._nursery is not None and self._session is not None
+            assert self._nursery is not None
+            assert self._session is not None
             self._nursery.start_soon(self._run, self._session)
 
     @property

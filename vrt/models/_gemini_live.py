@@ -31,6 +31,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from vrt._core.bounded import RecentSet
 from vrt._core.results import CallRecord, ToolResult
 from vrt.models._protocol import CallEnd, CallStart, Text, tokens
 from vrt.models._realtime import (
@@ -128,6 +129,7 @@ class GeminiLiveProtocol:
         self._responses = 0
         self._active: str | None = None
         self._interrupted = False
+        self._calls: RecentSet[str] = RecentSet(10_000)  # call ids this connection delivered
 
     # -- what to send ---------------------------------------------------------------------------
 
@@ -295,8 +297,12 @@ class GeminiLiveProtocol:
         if heard:
             events.append(UserTranscript(text=heard))
         said = _transcription(content, "outputTranscription")
-        if said and self._active is not None:
-            events.append(TranscriptOut(response_id=self._active, text=said))
+        if said and (self._active is not None or not self._interrupted):
+            # the model's words may come before its audio (Gemini does not order them): a
+            # response starts with either, unless the user cut the last one and it has not
+            # said its turnComplete yet (then they are the cut response's, and dropped)
+            events.extend(self._started())
+            events.append(TranscriptOut(response_id=self._start(), text=said))
         return events
 
     def _part(self, part: dict[str, Any]) -> list[RealtimeEvent]:
@@ -335,7 +341,12 @@ class GeminiLiveProtocol:
                 raise ValueError("toolCall with a function call without its name")
             if args is not None and not isinstance(args, dict):
                 raise ValueError("toolCall with a function call whose args are not an object")
-            found.append((call_id, name, args or {}))
+            if call_id not in self._calls:  # a call delivered again (seen by real servers)
+                found.append((call_id, name, args or {}))
+        if not found:
+            return []  # nothing new: no response either (it would open a turn)
+        for call_id, _, _ in found:
+            self._calls.add(call_id)
         events = self._started()
         response_id = self._start()
         for call_id, name, args in found:
