@@ -92,6 +92,14 @@ async def realtime_session(
         yield session, Log(events)
 
 
+async def eventually(predicate: Any, seconds: float = 5.0) -> None:
+    """Wait until ``predicate()`` holds: the fake's counters and the upstream's state
+    change in tasks of their own, with no event to wait on."""
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - state kept by other tasks, no event
+            await trio.sleep(0.01)
+
+
 def take_the_rest(log: Log) -> None:
     """Every event the subscription holds now, into ``log.events``."""
     while True:
@@ -140,9 +148,9 @@ async def test_the_models_own_response_opens_a_turn(api: str) -> None:
     steps = [[vrt.call("clock", {})], [vrt.say("Noon.")]]
     async with FakeRealtime(steps, api=api) as fake:
         async with realtime_session(fake, tools) as (session, log):
-            with trio.fail_after(5):
-                while session.upstream is None or session.upstream.state != "idle":
-                    await trio.sleep(0.01)
+            await eventually(
+                lambda: session.upstream is not None and session.upstream.state == "idle"
+            )
             await fake.speak("what time is it")
             last = await until(log, ended)
             heard = [e.text for e in log.events if isinstance(e, vrt.Transcript)]
@@ -160,7 +168,7 @@ async def test_the_users_voice_during_a_slow_call_interrupts_the_turn(api: str) 
     tools = Tools()
     steps = [[vrt.call("slow", {})], [vrt.say("never")]]
     async with FakeRealtime(steps, api=api) as fake:
-        async with realtime_session(fake, tools) as (session, log):
+        async with realtime_session(fake, tools) as (session, _log):
             turn = await session.start_turn("take your time")
             with trio.fail_after(5):
                 await tools.slow_started.wait()
@@ -186,15 +194,13 @@ async def test_gemini_that_never_cancels_gets_the_interrupted_answer_once() -> N
     tools = Tools()
     steps = [[vrt.call("slow", {})], [vrt.say("never")]]
     async with FakeRealtime(steps, api="gemini", quirks=["no-cancellation"]) as fake:
-        async with realtime_session(fake, tools) as (session, log):
+        async with realtime_session(fake, tools) as (session, _log):
             turn = await session.start_turn("take your time")
             with trio.fail_after(5):
                 await tools.slow_started.wait()
             await fake.speak()
             result = await turn.wait()
-            with trio.fail_after(5):
-                while not outputs(fake):
-                    await trio.sleep(0.01)
+            await eventually(lambda: bool(outputs(fake)))
             await trio.sleep(0.2)
     answers = outputs(fake)
     assert [answer_id(a) for a in answers] == [result.calls[0].call_id]
@@ -223,7 +229,7 @@ async def test_the_apps_interrupt_cancels_the_response_and_truncates_to_what_was
     assert len(sent(fake, "response.cancel")) == 1
     [truncate] = sent(fake, "conversation.item.truncate")
     assert truncate["audio_end_ms"] == 50
-    after = log.events[[i for i, e in enumerate(log.events) if ended(e)][0] :]
+    after = log.events[next(i for i, e in enumerate(log.events) if ended(e)) :]
     assert not any(isinstance(e, vrt.AudioDelta | vrt.Transcript) for e in after)
     assert fake.violations == []
 
@@ -232,7 +238,7 @@ async def test_a_call_cut_off_mid_arguments_never_runs_and_gets_no_answer() -> N
     tools = Tools()
     steps = [[vrt.say("let me see"), vrt.call("clock", {"zone": "UTC"}, chunks=3, truncate=True)]]
     async with FakeRealtime(steps, api="openai") as fake:
-        async with realtime_session(fake, tools) as (session, log):
+        async with realtime_session(fake, tools) as (session, _log):
             result = await (await session.start_turn("time?")).wait()
     assert tools.runs == []
     assert [c.result.code for c in result.calls] == [vrt.ResultCode.FAILED]
@@ -244,7 +250,7 @@ async def test_a_response_without_its_created_event_ends_its_turn_normally() -> 
     tools = Tools()
     steps = [[vrt.call("clock", {})], [vrt.say("Noon.")]]
     async with FakeRealtime(steps, api="openai", quirks=["no-created"]) as fake:
-        async with realtime_session(fake, tools) as (session, log):
+        async with realtime_session(fake, tools) as (session, _log):
             result = await (await session.start_turn("time?")).wait()
     assert result.status == "finished" and len(tools.runs) == 1
     assert len(outputs(fake)) == 1 and fake.violations == []
@@ -255,7 +261,7 @@ async def test_a_call_delivered_twice_runs_once(api: str) -> None:
     tools = Tools()
     steps = [[vrt.call("clock", {})], [vrt.say("Noon.")]]
     async with FakeRealtime(steps, api=api, quirks=["duplicate-call"]) as fake:
-        async with realtime_session(fake, tools) as (session, log):
+        async with realtime_session(fake, tools) as (session, _log):
             result = await (await session.start_turn("time?")).wait()
     assert result.status == "finished"
     assert len(tools.runs) == 1 and len(result.calls) == 1
@@ -321,9 +327,7 @@ async def test_the_users_audio_reaches_the_model_and_its_buffer_is_bounded() -> 
                 session.send_audio("loud")  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="even"):
                 session.send_audio(b"\x00")
-            with trio.fail_after(5):
-                while upstream.state != "idle":
-                    await trio.sleep(0.01)
+            await eventually(lambda: upstream.state == "idle")
             session.send_audio(tone(0, 24000 * 6))  # 6 s at once: the oldest 1 s dropped
             assert upstream.audio_dropped == 24000 * 2
             session.send_audio(b"\x00\x00" * 24000)  # a second of silence: 1 s more goes
@@ -351,9 +355,7 @@ async def test_the_key_goes_in_a_header_only_and_nowhere_else(
         async with realtime_session(fake, tools) as (session, log):
             await (await session.start_turn("time?")).wait()
             await fake.drop()  # a reconnect logs
-            with trio.fail_after(5):
-                while fake.connections < 2:
-                    await trio.sleep(0.01)
+            await eventually(lambda: fake.connections >= 2)
     assert KEY not in repr(model) and KEY not in model.endpoint()[0]
     assert KEY not in json.dumps(fake.received)
     assert KEY not in caplog.text
