@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import inspect
@@ -12,6 +13,7 @@ import signal
 import ssl
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import trio
 
 import vrt
 from vrt import check as vrt_check
-from vrt._cli import demo_agent
+from vrt._cli import demo_agent, voice_agent
 from vrt._cli.demo import FAST, run_demo
 from vrt._cli.flags import add_flags, option_values, reading
 from vrt._cli.telemetry import install_prometheus
@@ -33,6 +35,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 DEMO_AGENT = "vrt._cli.demo_agent:at_full_pace"
 """What ``vrt serve --web`` serves without MODULE:AGENT: the demo's travel assistant."""
+VOICE_LABEL = "the voice demo agent"
+"""How ``vrt demo --web --voice`` names its agent."""
 DEMO_LABEL = "the demo agent"
 """How ``vrt demo --web`` names it in the line that gives its URL."""
 
@@ -81,6 +85,19 @@ def _parser() -> argparse.ArgumentParser:
         "the page hosts the app tools (until interrupted), or http://127.0.0.1:PORT/?autorun "
         "to watch it play the story by itself; GET /metrics shows the calls by result code "
         "(with trio-vrt[metrics])",
+    )
+    demo.add_argument(
+        "--voice",
+        action="store_true",
+        help="with --web: serve the voice demo as well, http://127.0.0.1:PORT/voice, where you "
+        "talk to a weather assistant (the microphone and the speaker through vrt.js); its "
+        "model is vrt.testing.FakeRealtime, which answers any speech with a tone for a voice",
+    )
+    demo.add_argument(
+        "--realtime",
+        choices=("openai", "gemini"),
+        help="with --voice: the real model instead of the fake ($OPENAI_API_KEY or "
+        "$GEMINI_API_KEY)",
     )
     demo.add_argument(
         "--port", type=_port, default=8765, help="with --web: the port (default: %(default)s)"
@@ -326,15 +343,30 @@ def _failed(line: str, parent: Parent | None) -> int:
 
 
 def _serve_until_interrupted(
-    agent: vrt.Agent, host: str, port: int, label: str, parent: Parent | None = None, **options: Any
+    agent: vrt.Agent | Callable[[], AbstractAsyncContextManager[vrt.Agent]],
+    host: str,
+    port: int,
+    label: str,
+    parent: Parent | None = None,
+    **options: Any,
 ) -> int:
     """``vrt.serve`` until SIGINT/SIGTERM; prints the URL (a worker tells its ``parent``
     instead); exit status 2 for a bad port or option. With a store, the first SIGTERM
-    drains (exit 0 once every session moved), as does a worker whose parent is gone."""
+    drains (exit 0 once every session moved), as does a worker whose parent is gone.
+    ``agent`` may be a function giving an async context manager that holds the agent for
+    the server's life (the voice demo's runs its fake model's server)."""
     args = argparse.Namespace(host=host, port=port, target=label)
     drained = False
+    make = agent
 
     async def run() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(make, vrt.Agent):
+                await served(make)
+            else:
+                await served(await stack.enter_async_context(make()))
+
+    async def served(agent: vrt.Agent) -> None:
         nonlocal drained
         # SIGINT/SIGTERM as a signal receiver that cancels the server, rather than trio's
         # KeyboardInterrupt delivery, which after an HTTP-refused upgrade sometimes never
@@ -402,6 +434,8 @@ def _banner(server: vrt.Server, target: str, label: str, options: dict[str, Any]
         print(f"vrt serve: the demo page is {page}", flush=True)
         if label in (DEMO_LABEL, DEMO_AGENT):  # the page's story needs its agent
             print(f"vrt serve: {page}?autorun plays the demo by itself", flush=True)
+        if label == VOICE_LABEL:
+            print(f"vrt serve: the voice demo is {page}voice (allow the microphone)", flush=True)
     if options.get("metrics"):
         print(f"vrt serve: metrics at {page}metrics", flush=True)
 
@@ -424,6 +458,17 @@ def _demo(args: argparse.Namespace) -> int:
         missing = install_prometheus()
         if missing is not None:
             logging.getLogger("vrt").info("no GET /metrics: %s", missing)
+        if args.voice:
+            realtime = args.realtime
+            return _serve_until_interrupted(
+                lambda: voice_agent.voice_agent(realtime),
+                "127.0.0.1",
+                args.port,
+                VOICE_LABEL,
+                web_demo=True,
+                metrics=missing is None,
+                ssl_context=ssl_context,
+            )
         return _serve_until_interrupted(
             demo_agent.agent(scale),
             "127.0.0.1",

@@ -60,7 +60,10 @@ def _file(name: str) -> tuple[bytes, str] | None:
     return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 
 
-DEMO_FILES = {"/": ("demo.html", "text/html; charset=utf-8")}
+DEMO_FILES = {
+    "/": ("demo.html", "text/html; charset=utf-8"),
+    "/voice": ("voice.html", "text/html; charset=utf-8"),  # vrt demo --web --voice
+}
 """With ``web_demo``: the demo page too."""
 
 
