@@ -44,6 +44,7 @@ from vrt._errors import (
 )
 from vrt._server.option_types import ServerOptions
 from vrt._server.serve import HandshakeRequest, Refuse, Server, serve
+from vrt._wire.audio import AudioInfo
 from vrt.models import Model, ModelRequest, ToolSpec
 from vrt.models._scripted import ScriptedModel, call, pause, say
 
@@ -52,6 +53,7 @@ __all__ = [
     "Allow",
     "AppTool",
     "AudioDelta",
+    "AudioInfo",
     "CallAborted",
     "CallInfo",
     "CallRecord",

@@ -63,6 +63,8 @@ CLIENT_EVENTS = (
     vrt.TextDelta,
     vrt.ToolStream,
     vrt.ToolPreview,
+    vrt.Transcript,
+    vrt.AudioDelta,
     vrt.Closed,
     Welcomed,
     AbortApp,

@@ -284,6 +284,8 @@ class Frames:
             data["text"] = self.text()
         elif type_ == "interrupt":
             data["epoch"] = c.integer(0, 5)
+            if c.chance(20):
+                data["heardMs"] = c.integer(0, 5000)
         elif type_ == "tool.result":
             data["callId"] = c.pick(CALL_IDS)
             data["epoch"] = c.integer(0, 3)
@@ -323,6 +325,12 @@ class Frames:
                 data["reason"] = c.pick(("finished", "interrupted", "failed"))
         elif type_ == "text.delta":
             data.update(turnId=c.pick(TURN_IDS), text=self.text())
+        elif type_ == "audio.start":
+            data.update(turnId=c.pick(TURN_IDS), epoch=epoch)
+        elif type_ == "audio.end":
+            data.update(turnId=c.pick(TURN_IDS), sentMs=c.integer(0, 5000))
+        elif type_ == "transcript":
+            data.update(turnId=c.pick(TURN_IDS), role=c.pick(("user", "agent")), text=self.text())
         elif type_ == "tool.stream":
             data.update(self._stream(epoch))
         elif type_ == "tool.preview":

@@ -40,8 +40,16 @@ from vrt._engine.groups import single_unwrapped
 from vrt._engine.subscription import Subscription
 from vrt._engine.tools import AppTool
 from vrt._errors import RemoteProtocolError, SessionClosed
-from vrt._net.pumps import AckTimer, patiently, send_frames
+from vrt._net.pumps import AckTimer, Outgoing, patiently, send_frames
 from vrt._wire import messages as m
+from vrt._wire.audio import (
+    MIC_BACKLOG_SECONDS,
+    AudioInfo,
+    AudioRun,
+    Backlog,
+    bytes_per_second,
+    split,
+)
 from vrt._wire.client import AbortApp, ClientProtocol, Welcomed
 from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import MAX_MESSAGE_SIZE
@@ -82,7 +90,11 @@ class Client:
             ],
             capabilities,
         )
-        self._out, self._frames = trio.open_memory_channel[str](math.inf)
+        self._out, self._frames = trio.open_memory_channel[Outgoing](math.inf)
+        self._mic = Backlog(0)  # the user's audio unsent: sized by its first send_audio
+        self.audio_dropped = 0
+        """Bytes of the user's audio :meth:`send_audio` took and never sent: while the
+        connection was down, or past the unsent bound (the oldest first)."""
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
         self._no_previews: set[trio.MemorySendChannel[Event]] = set()
         """Subscribers that asked for no :class:`~vrt.ToolPreview`."""
@@ -107,6 +119,12 @@ class Client:
     def capabilities(self) -> tuple[str, ...]:
         """What client and server both support (e.g. ``("tool-stream-v1",)``)."""
         return self.proto.capabilities
+
+    @property
+    def audio(self) -> AudioInfo | None:
+        """The session's audio rates when ``audio-v1`` was negotiated (``connect(...,
+        audio=True)`` to a server whose agent has a realtime model), else None."""
+        return self.proto.audio
 
     @asynccontextmanager
     async def subscribe(self, *, previews: bool = True) -> AsyncIterator[Subscription[Event]]:
@@ -147,15 +165,64 @@ class Client:
         self._flush()
         await trio.lowlevel.checkpoint()
 
-    def interrupt(self) -> None:
+    def send_audio(self, pcm: bytes) -> None:
+        """Send the user's voice (``audio-v1``): PCM16 little-endian mono at
+        ``client.audio.input_rate``, any length (it goes in frames of at most 100 ms).
+
+        Sync and never blocks: audio is realtime data, never replayed. While the connection
+        is down it is dropped; past 5 s of it unsent (a slow connection) the oldest is
+        dropped; both counted in :attr:`audio_dropped`. Send it as it is captured: the
+        server closes a session whose audio runs more than ``audio_speed_limit`` times
+        faster than real time (8 s of it at once passes with the defaults).
+
+        Raises ``TypeError`` for anything but bytes, ``ValueError`` for an odd length (not
+        PCM16), ``RuntimeError`` if ``audio-v1`` was not negotiated (``connect(...,
+        audio=True)``, and an agent with a realtime model), :class:`~vrt.SessionClosed`
+        once closed.
+        """
+        if not isinstance(pcm, bytes | bytearray | memoryview):
+            raise TypeError(f"pcm must be bytes, not {type(pcm).__name__}")
+        self._check_open()
+        info = self.proto.audio
+        if info is None:
+            raise RuntimeError(
+                "audio-v1 was not negotiated: connect with audio=True to a server whose "
+                "agent has a realtime model"
+            )
+        data = bytes(pcm)
+        if len(data) % 2:
+            raise ValueError(f"pcm must be PCM16 (an even number of bytes), not {len(data)}")
+        if self.proto.connection.state != "open":
+            self.audio_dropped += len(data)  # realtime: not kept for a resume
+            return
+        if not self._mic.limit:
+            self._mic.limit = int(MIC_BACKLOG_SECONDS * bytes_per_second(info.input_rate))
+        for frame in split(data, info.input_rate):
+            run, dropped = self._mic.add("mic", frame)
+            if run is not None:
+                self._out.send_nowait(run)
+            self.audio_dropped += dropped
+
+    def interrupt(self, heard_ms: int | None = None) -> None:
         """The user interrupted (sync): raise the epoch and cancel every open call at once.
 
         Emits the ``cancelled`` events locally before any server reply, aborts the
         running app tool's signal and cancels it, drops queued app calls, then tells the
-        server. The server's own late terminal events for those calls are dropped.
+        server. The server's own late terminal events for those calls are dropped, and so
+        is the interrupted turn's audio still on its way (no :class:`~vrt.AudioDelta` of
+        it follows).
+
+        ``heard_ms`` (``audio-v1``): milliseconds of the turn's audio the user heard,
+        counted from its first :class:`~vrt.AudioDelta`; the model forgets the rest. Sent
+        only when ``audio-v1`` was negotiated. ValueError if it is not a whole number of 0
+        or more.
         """
+        if heard_ms is not None and (
+            isinstance(heard_ms, bool) or not isinstance(heard_ms, int) or heard_ms < 0
+        ):
+            raise ValueError(f"heard_ms must be a whole number of 0 or more, not {heard_ms!r}")
         self._check_open()
-        for item in self.proto.interrupt():
+        for item in self.proto.interrupt(heard_ms):
             self._dispatch(item)
         self._flush()
 
@@ -173,7 +240,10 @@ class Client:
             raise SessionClosed(f"the session is closed ({self.closed.reason})")
 
     def _flush(self) -> None:
-        for frame in self.proto.take_outbox():
+        frames = self.proto.take_outbox()
+        if frames:
+            self._mic.cut()  # audio sent later goes after these
+        for frame in frames:
             self._out.send_nowait(frame)
         if self.proto.overflowed and self.closed is None and not self._closing:
             # PROTOCOL.md: the session can no longer be resumed once the replay buffer
@@ -188,6 +258,7 @@ class Client:
             self._closing = True
             if self.proto.connection.state == "open":
                 self.proto.close()
+                self._mic.cut()
                 for frame in self.proto.take_outbox():
                     self._out.send_nowait(frame)
             self._dispatch(Closed(reason="overflow"))
@@ -404,7 +475,11 @@ class Client:
         the protocol just queued (every numbered one is in it)."""
         with contextlib.suppress(trio.WouldBlock):
             while True:
-                self._frames.receive_nowait()
+                frame = self._frames.receive_nowait()
+                if isinstance(frame, AudioRun):  # the user's audio of the lost connection
+                    while frame.peek() is not None:
+                        self.audio_dropped += len(frame.take())
+        self._mic.cut()
         self._flush()
         assert self.proto.session_id is not None
         self._emit(Resumed(session_id=self.proto.session_id))
@@ -494,16 +569,19 @@ async def open_client(
     resume_timeout: float = RESUME_TIMEOUT,
     connect_timeout: float = CONNECT_TIMEOUT,
     max_message_size: int = MAX_MESSAGE_SIZE,
+    audio: bool = False,
 ) -> AsyncIterator[Client]:
     """:func:`connect` over a connection: ``ws`` if given (see :mod:`vrt.testing`), else
     the first one ``reconnect`` opens.
 
     ``reconnect`` opens a new connection to the same server (an async context manager
     factory); without it, or with ``resume=False``, a lost connection ends the session
-    (``Closed("lost")``).
+    (``Closed("lost")``). ``audio``: offer ``audio-v1`` (see :func:`connect`).
     """
     if ws is None and reconnect is None:
         raise TypeError("open_client needs a connection or a way to open one")
+    if audio and m.AUDIO_V1 not in capabilities:
+        capabilities = (*capabilities, m.AUDIO_V1)
     client = Client(
         tools,
         capabilities,

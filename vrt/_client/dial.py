@@ -47,6 +47,7 @@ async def connect(
     resume_timeout: float = RESUME_TIMEOUT,
     connect_timeout: float = CONNECT_TIMEOUT,
     ssl_context: ssl.SSLContext | None = None,
+    audio: bool = False,
 ) -> AsyncIterator[Client]:
     """Connect to a vrt/1 server and open a session, hosting the app ``tools``.
 
@@ -84,6 +85,12 @@ async def connect(
     second in every state: ``close`` is sent if it can be, nothing is waited for long.
     ``capabilities`` is what this client supports (pass ``()`` to act as a client without
     ``tool-stream-v1``: then only ``ToolPreview`` events arrive).
+
+    ``audio=True`` offers ``audio-v1`` too: with a server whose agent has a realtime model,
+    ``client.audio`` then gives the rates, ``client.send_audio(pcm)`` sends the user's
+    voice, the model's comes as :class:`~vrt.AudioDelta` events and what was said as
+    :class:`~vrt.Transcript` events, and ``client.interrupt(heard_ms=...)`` says how much
+    of it the user heard. Otherwise (the default) the session is exactly as without it.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
@@ -115,6 +122,7 @@ async def connect(
         resume_timeout=resume_timeout,
         connect_timeout=connect_timeout,
         max_message_size=max_message_size,
+        audio=audio,
     ) as client:
         yield client
 

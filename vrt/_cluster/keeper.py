@@ -38,6 +38,7 @@ from vrt._engine.history import Snapshot
 from vrt._engine.session import Session
 from vrt._wire import codec
 from vrt._wire import messages as m
+from vrt._wire.audio import AudioInfo
 from vrt._wire.server import ServerProtocol
 from vrt.models import TurnInterrupted, UserInput
 
@@ -450,11 +451,16 @@ def settle_lost_turn(
 
 
 def adopted_protocol(
-    found: Adopt, hello: m.Hello, server_tools: Any, options: Options
+    found: Adopt,
+    hello: m.Hello,
+    server_tools: Any,
+    options: Options,
+    *,
+    audio: AudioInfo | None = None,
 ) -> ServerProtocol | None:
     """The protocol state of the session ``found`` in the store, for its client's resume
     ``hello`` (detached until the actor resumes it); None if the client's lastSeq does not
-    fit what was saved."""
+    fit what was saved. ``audio``: the rates ``audio-v1`` offers here (None: not offered)."""
     assert hello.resume is not None
     state = found.state
     proto = ServerProtocol(
@@ -465,6 +471,7 @@ def adopted_protocol(
         max_message_size=options.max_message_size,
         replay_limit=options.replay_limit,
         replay_limit_bytes=options.replay_limit_bytes,
+        audio=audio,
     )
     proto.max_frame = options.max_message_size
     # After a crash the client may have seen messages past the save: number above them.

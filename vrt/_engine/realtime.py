@@ -132,7 +132,9 @@ class Upstream:
         self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
         self._unsettled = False  # Gemini: it heard the user; its cancellations may follow
         self._audio_ms: dict[str, float] = {}  # the active response's audio, per item
+        self._item_at: dict[str, float] = {}  # where each of those starts in its turn's audio
         self._last_item = ""
+        self._spoken: tuple[Turn | None, float] = (None, 0.0)  # a turn, and its audio so far
         self._user_said: str | None = None
         self._broken: Turn | None = None  # a turn whose connection was lost mid-step
 
@@ -391,7 +393,7 @@ class Upstream:
             return
         self._active = rid
         self._live_calls.clear()
-        self._audio_ms = {}
+        self._audio_ms, self._item_at = {}, {}
         if state == "requested" and self._awaiting is not None:
             self._feed_turn, self._feed = self._awaiting
             self._awaiting = None
@@ -449,8 +451,15 @@ class Upstream:
             return
         rate = self.model.output_rate
         ms = len(event.pcm) / 2 / rate * 1000
-        self._audio_ms[event.item_id] = self._audio_ms.get(event.item_id, 0.0) + ms
-        self._last_item = event.item_id
+        spoken_turn, spoken = self._spoken
+        if spoken_turn is not turn:
+            spoken = 0.0
+        item = event.item_id
+        if item not in self._audio_ms:
+            self._item_at[item] = spoken
+        self._audio_ms[item] = self._audio_ms.get(item, 0.0) + ms
+        self._spoken = (turn, spoken + ms)
+        self._last_item = item
         if self.session.watched:
             self.session.emit(AudioDelta(turn_id=turn.turn_id, pcm=event.pcm, sample_rate=rate))
 
@@ -600,13 +609,22 @@ class Upstream:
         self._stop_feed()
 
     def _truncate(self, heard_ms: int | None, protocol: RealtimeProtocol) -> None:
+        """Truncate the active response's audio item holding the point the user heard to
+        (``heard_ms`` into the turn's audio; None: all that was sent), never past what was
+        sent of it."""
         item = self._last_item
         sent = self._audio_ms.get(item)
         if not item or sent is None or self._active is None:
             return
-        ms = sent if heard_ms is None else min(float(heard_ms), sent)
+        if heard_ms is None:
+            ms = sent
+        else:
+            starts = self._item_at
+            held = [i for i in self._audio_ms if starts.get(i, 0.0) <= heard_ms]
+            item = held[-1] if held else next(iter(self._audio_ms))
+            ms = min(max(0.0, heard_ms - starts.get(item, 0.0)), self._audio_ms[item])
         self._send(protocol.truncate(item, int(ms)))
-        self._audio_ms = {}
+        self._audio_ms, self._item_at = {}, {}
 
     def _stop_feed(self) -> None:
         """The open turn is interrupted: the rest of its response is dropped."""

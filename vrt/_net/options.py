@@ -27,6 +27,7 @@ import attrs
 from vrt._net import metrics as metrics_page
 from vrt._net.proxied import Networks, networks, read_networks
 from vrt._wire import messages as m
+from vrt._wire.audio import RATE_WINDOW, SPEED_LIMIT, VOICE_BACKLOG_SECONDS
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES
 from vrt._wire.server import MAX_MESSAGE_SIZE
 
@@ -268,11 +269,12 @@ class Options:
     what only ``vrt.serve`` takes). Build it with :func:`make_options`, which checks."""
 
     capabilities: Collection[str] = option(
-        m.CAPABILITIES,
+        m.SUPPORTED,
         group="serving",
         rule=Rule(lambda name, value: tuple(value)),
         doc="""What this server supports, of vrt/1's capabilities: pass ``()`` to act as a
-        server without ``tool-stream-v1``.""",
+        server without ``tool-stream-v1``. ``audio-v1`` is offered only when the agent's
+        model is a realtime one (``vrt.models.OpenAIRealtime``, ``GeminiLive``).""",
     )
     web_demo: bool = option(
         False,
@@ -420,6 +422,23 @@ class Options:
         doc="""Inbound frames per connection, with a one-second burst; frames over it are
         read more slowly (never dropped) and the client gets ``error`` ``RATE_LIMITED``
         once; after 5 seconds of that, the session is closed (``server``).""",
+    )
+    audio_speed_limit: float = option(
+        SPEED_LIMIT,
+        group="safety",
+        rule=POSITIVE,
+        flag=Flag(help="audio per direction, in times real time (audio-v1)"),
+        doc=f"""``audio-v1``: the bound of each direction's audio in bytes a second, as times
+        real time of that direction's rate (PCM16: 2 bytes a sample; 4 at 24 kHz is
+        192,000 bytes a second), averaged over {RATE_WINDOW:g} s (so {RATE_WINDOW:g} s at
+        the bound, 8 s of audio by default, may come at once). Real-time audio in any frame
+        size stays far under it, and audio frames are not counted by
+        ``max_messages_per_second``. A client over it gets ``error`` ``RATE_LIMITED`` and
+        its session is closed (``server``); the model's voice over it waits its turn to
+        be sent. Each connection holds at most {VOICE_BACKLOG_SECONDS:g} s of the model's
+        voice unsent (a client that does not read, a model far faster than the bound):
+        past that the oldest of the turn is dropped (and counted); the engine is never
+        held for audio.""",
     )
     replay_limit: int = option(
         REPLAY_LIMIT,

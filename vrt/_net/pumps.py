@@ -12,6 +12,7 @@ from trio_websocket import ConnectionClosed
 
 from vrt._engine import telemetry
 from vrt._wire import messages as m
+from vrt._wire.audio import AudioRun, ByteRate
 
 log = logging.getLogger("vrt")
 
@@ -44,17 +45,22 @@ async def patiently(step: Callable[[], Awaitable[object]], patience: float) -> N
         await step()
 
 
+Outgoing = str | AudioRun
+"""What a connection's queue holds: text frames, and runs of audio frames (``audio-v1``)."""
+
+
 async def send_frames(
-    frames: trio.MemoryReceiveChannel[str],
+    frames: trio.MemoryReceiveChannel[Outgoing],
     ws: Any,
     sent: Callable[[str], object] | None = None,
     *,
     batch: int = 0,
     first_alone: bool = False,
     metered: bool = False,
+    pace: ByteRate | None = None,
 ) -> bool:
     """Send every frame from ``frames`` on ``ws`` until the channel closes (True) or the
-    connection does (False); ``sent(frame)`` after each one.
+    connection does (False); ``sent(frame)`` after each text frame.
 
     The one writer of a connection, so frames leave in the order they were queued. Frames
     already queued go out without a scheduler pass each (a pass per frame cost ~10 us).
@@ -65,8 +71,12 @@ async def send_frames(
     ``first_alone``: the first frame is never batched (the server's ``welcome``, which
     tells the client batches may follow). ``metered``: count each frame sent in the
     server's metrics.
+
+    An :class:`~vrt._wire.audio.AudioRun` in the queue is sent as binary frames, one at a
+    time, never batched, until it is empty (frames that join it meanwhile too); ``pace``
+    bounds them in bytes a second (the writer waits, nothing is dropped for speed).
     """
-    held: str | None = None  # taken from the channel, but over the last batch's limit
+    held: Outgoing | None = None  # taken from the channel, but not for the last batch
     first = first_alone
     while True:
         if held is not None:
@@ -81,6 +91,10 @@ async def send_frames(
                     return True
             except trio.EndOfChannel:
                 return True
+        if isinstance(frame, AudioRun):
+            if not await _send_run(frame, ws, pace, metered):
+                return False
+            continue
         group: list[str] | None = None
         if batch and not first:
             size, count = len(frame) + 2, 1
@@ -88,6 +102,9 @@ async def send_frames(
                 try:
                     more = frames.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                if isinstance(more, AudioRun):  # audio: never in a batch
+                    held = more
                     break
                 size += len(more) + 1
                 if size > batch:
@@ -111,6 +128,27 @@ async def send_frames(
             else:
                 for one in group:
                     sent(one)
+
+
+async def _send_run(run: AudioRun, ws: Any, pace: ByteRate | None, metered: bool) -> bool:
+    """Send ``run``'s frames until it is empty (True), or the connection closed (False).
+    Each frame is taken only when it goes: while the writer waits for ``pace``, the
+    backlog may still drop or purge it."""
+    while (size := run.peek()) is not None:
+        if pace is not None:
+            wait = pace.wait(size, trio.current_time())
+            if wait > 0:
+                await trio.sleep(wait)
+                continue  # (the frame may be gone meanwhile)
+            pace.charge(size, trio.current_time())
+        data = run.take()
+        try:
+            await ws.send_message(data)
+        except ConnectionClosed:
+            return False
+        if metered:
+            telemetry.frame(telemetry.OUTBOUND, data)
+    return True
 
 
 ACK_INTERVAL = 0.2

@@ -29,7 +29,14 @@ from vrt._cluster.keeper import Keeper, settle_lost_turn
 from vrt._cluster.node import Adopt
 from vrt._cluster.record import State, state_of
 from vrt._cluster.relay import HANDOVER_CLOSE
-from vrt._core.events import TERMINAL_PHASES, ToolPreview, ToolStream, TurnEnded, TurnStarted
+from vrt._core.events import (
+    TERMINAL_PHASES,
+    AudioDelta,
+    ToolPreview,
+    ToolStream,
+    TurnEnded,
+    TurnStarted,
+)
 from vrt._core.previews import Previews
 from vrt._core.tables import MOVEMENT
 from vrt._engine import telemetry
@@ -42,7 +49,9 @@ from vrt._server.link import Link, send_and_close
 from vrt._server.pace import Pace
 from vrt._server.ratelimit import RateLimit
 from vrt._server.turns import Turns
+from vrt._server.voice import Voice
 from vrt._wire import messages as m
+from vrt._wire.audio import AudioIn
 from vrt._wire.endpoint import FrameTooLarge
 from vrt._wire.server import ServerProtocol
 from vrt.models import ToolSpec
@@ -104,6 +113,9 @@ class SessionActor:
         """The turns the client asks for, one at a time while the session is here."""
         self.pace = Pace(self)
         """Holds the model while the client is far behind."""
+        audio = proto.audio
+        self.voice = Voice(self, audio, self.options.audio_speed_limit) if audio else None
+        """The session's audio both ways, when ``audio-v1`` was negotiated."""
         # Made when someone waits on them (idle sessions are many: each object counts).
         self._attached: trio.Event | None = None
         self._detached: trio.Event | None = None
@@ -386,13 +398,26 @@ class SessionActor:
         proto = self.proto
         if not proto.in_session:
             return
+        kind = type(event)
+        voice = self.voice
+        if kind is AudioDelta:
+            if voice is not None:
+                voice.delta(event)
+            return  # (without audio-v1 the client gets none, as before)
+        if voice is not None:
+            if kind is TurnStarted:
+                voice.turn_started(event)
+            elif kind is TurnEnded:
+                voice.turn_ended(event)  # its audio.end goes first
         if isinstance(event, ToolStream):
             if self._wire_previews:
                 self._previews.stream(event)
         elif isinstance(event, ToolPreview) and not self._previews.wanted(event):
             return
         tool_stream = m.TOOL_STREAM_V1 in proto.capabilities
-        for cls, fields in messages_of(event, tool_stream=tool_stream, piece=self._piece):
+        for cls, fields in messages_of(
+            event, tool_stream=tool_stream, audio=voice is not None, piece=self._piece
+        ):
             try:
                 proto.send(cls, **fields)
             except FrameTooLarge as exc:  # the engine's limits should make this unreachable
@@ -475,10 +500,17 @@ class SessionActor:
 
     def _act(self, session: Session, message: Any) -> None:
         proto = self.proto
-        if isinstance(message, m.Input):
+        if type(message) is AudioIn:
+            session.send_audio(message.pcm)
+        elif isinstance(message, m.Input):
             self.turns.input(message.text)
         elif isinstance(message, m.Interrupt):
-            self.turns.interrupt(message.epoch)
+            voice = self.voice
+            if voice is None:
+                self.turns.interrupt(message.epoch)  # (heardMs means nothing without audio)
+            else:
+                self.turns.interrupt(message.epoch, heard_ms=voice.heard(message.heard_ms))
+                voice.interrupted()
         elif isinstance(message, m.ToolResultMessage):
             self.app_calls.result(message, session.epoch)
         elif isinstance(message, m.ConfirmReply):

@@ -18,6 +18,7 @@ from vrt._core.events import (
     TextDelta,
     ToolPreview,
     ToolStream,
+    Transcript,
     TurnEnded,
     TurnStarted,
 )
@@ -27,11 +28,14 @@ Message = tuple[Callable[..., Any], dict[str, Any]]
 """A message class and its fields but ``seq`` (the protocol numbers it when it is sent)."""
 
 
-def message_of(event: Event, *, tool_stream: bool) -> Message | None:
+def message_of(event: Event, *, tool_stream: bool, audio: bool = False) -> Message | None:
     """The message that carries ``event`` to the client, or None if none does.
 
     ``tool_stream``: whether ``tool-stream-v1`` was negotiated (without it a
     :class:`~vrt.ToolStream` has no frame; the legacy ``tool.preview`` carries the call).
+    ``audio``: whether ``audio-v1`` was (without it a :class:`~vrt.Transcript` has no
+    frame). The model's voice (:class:`~vrt.AudioDelta`) is never a message: it goes in
+    binary frames (:mod:`vrt._server.voice`).
     """
     if isinstance(event, ToolStream):
         if not tool_stream:
@@ -68,6 +72,14 @@ def message_of(event: Event, *, tool_stream: bool) -> Message | None:
             "epoch": event.epoch,
             "reason": event.reason,
         }
+    if isinstance(event, Transcript):
+        if not audio:
+            return None
+        return m.TranscriptMessage, {
+            "turn_id": event.turn_id,
+            "role": event.role,
+            "text": event.text,
+        }
     if isinstance(event, ConfirmRequest):
         return m.ConfirmRequestMessage, {
             "call_id": event.call_id,
@@ -79,15 +91,18 @@ def message_of(event: Event, *, tool_stream: bool) -> Message | None:
     return None
 
 
-def messages_of(event: Event, *, tool_stream: bool, piece: int) -> Iterator[Message]:
-    """:func:`message_of`, with a model's text and an argument fragment longer than
-    ``piece`` characters cut into several messages of at most that (their concatenation is
-    the same), so that no frame is over what the client takes."""
-    message = message_of(event, tool_stream=tool_stream)
+def messages_of(
+    event: Event, *, tool_stream: bool, piece: int, audio: bool = False
+) -> Iterator[Message]:
+    """:func:`message_of`, with a model's text, a transcript and an argument fragment
+    longer than ``piece`` characters cut into several messages of at most that (their
+    concatenation is the same), so that no frame is over what the client takes."""
+    message = message_of(event, tool_stream=tool_stream, audio=audio)
     if message is None:
         return
     cls, fields = message
-    key = "text" if cls is m.TextDeltaMessage else "delta" if fields.get("delta") else None
+    texts = cls is m.TextDeltaMessage or cls is m.TranscriptMessage
+    key = "text" if texts else "delta" if fields.get("delta") else None
     if key is None or len(fields[key]) <= piece:
         yield message
         return

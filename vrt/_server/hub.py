@@ -38,7 +38,9 @@ from vrt._server.actor import SessionActor
 from vrt._server.link import send_and_close
 from vrt._server.peers import address_of, peer_of, remote_of, shown
 from vrt._wire import messages as m
+from vrt._wire.audio import AudioInfo
 from vrt._wire.server import ServerProtocol
+from vrt.models._realtime import is_realtime
 
 log = logging.getLogger("vrt.server")
 
@@ -65,6 +67,14 @@ class Hub:
         node: Node | None = None,
     ) -> None:
         self.agent = agent
+        model = agent.model
+        self.audio = (
+            AudioInfo(input_rate=model.input_rate, output_rate=model.output_rate)
+            if is_realtime(model)
+            else None
+        )
+        """The audio ``audio-v1`` offers: the agent's realtime model's rates (None: the model
+        takes no audio, and ``audio-v1`` is not offered)."""
         self.node = node
         """This process among the nodes sharing a store (None: sessions live here only)."""
         self.draining = False
@@ -257,6 +267,7 @@ class Hub:
             admit=(lambda: False)
             if relay is not None or relay_only
             else lambda: self._admits(peer),
+            audio=self.audio,
         )
         proto.max_frame = options.max_message_size  # what vrt.connect takes by default
         try:
@@ -458,7 +469,9 @@ class Hub:
     ) -> SessionActor | None:
         """Host the session ``found`` in the store, resumed by ``hello``; None if its
         client's lastSeq does not fit what was saved."""
-        proto = adopted_protocol(found, hello, self.agent.registry.keys(), self.options)
+        proto = adopted_protocol(
+            found, hello, self.agent.registry.keys(), self.options, audio=self.audio
+        )
         if proto is None:
             return None
         origin = m.Hello(

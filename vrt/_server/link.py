@@ -1,10 +1,11 @@
 """One connection carrying a session: its writer and its reader.
 
 A session outlives its connections; while one carries it, that connection is a
-:class:`Link`. The actor hands it frames in protocol order (:meth:`Link.send`), and one
-writer task sends them, so they leave in that order. The reader (the task that accepted the
-connection) takes each frame past the session's rate limit
-(:class:`~vrt._server.ratelimit.RateLimit`), then to the actor.
+:class:`Link`. The actor hands it frames in protocol order (:meth:`Link.send`, and the
+model's voice with :meth:`Link.send_audio`), and one writer task sends them, so they leave
+in that order. The reader (the task that accepted the connection) takes each frame past the
+session's rate limit (:class:`~vrt._server.ratelimit.RateLimit`; the user's voice past its
+bound in bytes instead, :class:`~vrt._server.voice.Voice`), then to the actor.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from vrt._engine import telemetry
-from vrt._net.pumps import send_frames
+from vrt._net.pumps import Outgoing, send_frames
 from vrt._server.ratelimit import Verdict
+from vrt._wire.audio import Backlog
 
 if TYPE_CHECKING:
     from vrt._net.accept import GuardedStream
@@ -44,6 +46,7 @@ class Link:
     __slots__ = (
         "aborted",
         "actor",
+        "audio",
         "backlog",
         "batch",
         "close_code",
@@ -58,9 +61,12 @@ class Link:
         self.ws = ws
         self.actor = actor
         self.stream = stream
-        self.out, self.frames = trio.open_memory_channel[str](math.inf)
+        self.out, self.frames = trio.open_memory_channel[Outgoing](math.inf)
         self.backlog = 0
-        """Bytes queued for the writer and not yet written."""
+        """Bytes of text frames queued for the writer and not yet written."""
+        voice = actor.voice
+        self.audio = Backlog(voice.backlog_limit if voice is not None else 0)
+        """The model's voice queued for the writer (``audio-v1``), bounded in bytes."""
         self.scope = trio.CancelScope()
         self.aborted = False
         self.batch = actor.proto.batch_limit
@@ -77,6 +83,16 @@ class Link:
         """Queue ``frame`` for the writer."""
         self.out.send_nowait(frame)
         self.backlog += len(frame)
+        self.audio.cut()
+
+    def send_audio(self, turn_id: str, frame: bytes) -> int:
+        """Queue an audio frame of turn ``turn_id`` for the writer (after every frame queued
+        so far); the bytes of that turn's audio dropped to stay under the backlog's bound
+        (the oldest first)."""
+        run, dropped = self.audio.add(turn_id, frame)
+        if run is not None:
+            self.out.send_nowait(run)
+        return dropped
 
     def _sent(self, frame: str) -> None:
         self.backlog -= len(frame)
@@ -98,11 +114,14 @@ class Link:
             self.stream.abort()
 
     def pending(self) -> list[str]:
-        """The frames the writer did not get to, in order (none once aborted)."""
+        """The text frames the writer did not get to, in order (none once aborted): the
+        audio among them is lost, as audio in flight is when a connection ends."""
         frames = []
         with contextlib.suppress(trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
             while not self.aborted:
-                frames.append(self.frames.receive_nowait())
+                frame = self.frames.receive_nowait()
+                if type(frame) is str:
+                    frames.append(frame)
         return frames
 
     async def run(self) -> None:
@@ -119,8 +138,16 @@ class Link:
 
     async def _writer(self, scope: trio.CancelScope) -> None:
         # The first frame is the welcome (or the resume's): never in a batch.
+        voice = self.actor.voice
+        pace = voice.outbound_rate() if voice is not None else None
         if await send_frames(
-            self.frames, self.ws, self._sent, batch=self.batch, first_alone=True, metered=True
+            self.frames,
+            self.ws,
+            self._sent,
+            batch=self.batch,
+            first_alone=True,
+            metered=True,
+            pace=pace,
         ):
             with trio.move_on_after(FINISH_TIMEOUT):
                 await self.ws.aclose(code=self.close_code)  # closed, replaced or moved
@@ -136,6 +163,14 @@ class Link:
             telemetry.frame(telemetry.INBOUND, frame)
             if not self.current:
                 continue  # replaced or closed: drain until the close handshake ends
+            voice = actor.voice
+            if voice is not None and type(frame) is not str:
+                # The user's voice: bounded in bytes a second, not counted as messages.
+                if voice.inbound(len(frame)):
+                    actor.receive(frame)
+                else:
+                    voice.over_rate()
+                continue
             verdict, wait = actor.rate.check(trio.current_time())
             if verdict is not Verdict.READ:
                 if verdict is Verdict.CLOSE:

@@ -31,8 +31,8 @@ class ServerOptions(TypedDict, total=False):
     Safety: ``authenticate``, ``allowed_origins``, ``trusted_proxies``, ``handshake_timeout``,
     ``max_pending_connections``, ``max_pending_per_peer``, ``max_sessions``,
     ``max_sessions_per_peer``, ``first_turn_timeout``, ``resume_window``, ``max_open_calls``,
-    ``max_queued_app_calls``, ``max_messages_per_second``, ``replay_limit``, ``replay_limit_bytes``,
-    ``max_message_size``, ``max_history_bytes``.
+    ``max_queued_app_calls``, ``max_messages_per_second``, ``audio_speed_limit``, ``replay_limit``,
+    ``replay_limit_bytes``, ``max_message_size``, ``max_history_bytes``.
 
     Observability: ``capture_content``, ``metrics``.
 
@@ -42,9 +42,10 @@ class ServerOptions(TypedDict, total=False):
 
     capabilities: Collection[str]
     """What this server supports, of vrt/1's capabilities: pass ``()`` to act as a server without
-    ``tool-stream-v1``.
+    ``tool-stream-v1``. ``audio-v1`` is offered only when the agent's model is a realtime one
+    (``vrt.models.OpenAIRealtime``, ``GeminiLive``).
 
-    Default: ``('tool-stream-v1', 'batch-v1', 'local-preview-v1', 'handover-v1')``.
+    Default: ``('tool-stream-v1', 'batch-v1', 'local-preview-v1', 'handover-v1', 'audio-v1')``.
     """
 
     web_demo: bool
@@ -158,6 +159,20 @@ class ServerOptions(TypedDict, total=False):
     the session is closed (``server``).
 
     Default: ``100.0``. Command line: ``vrt serve --max-messages-per-second``.
+    """
+
+    audio_speed_limit: float
+    """``audio-v1``: the bound of each direction's audio in bytes a second, as times real time of
+    that direction's rate (PCM16: 2 bytes a sample; 4 at 24 kHz is 192,000 bytes a second), averaged
+    over 2 s (so 2 s at the bound, 8 s of audio by default, may come at once). Real-time audio in
+    any frame size stays far under it, and audio frames are not counted by
+    ``max_messages_per_second``. A client over it gets ``error`` ``RATE_LIMITED`` and its session is
+    closed (``server``); the model's voice over it waits its turn to be sent. Each connection holds
+    at most 10 s of the model's voice unsent (a client that does not read, a model far faster than
+    the bound): past that the oldest of the turn is dropped (and counted); the engine is never held
+    for audio.
+
+    Default: ``4.0``. Command line: ``vrt serve --audio-speed-limit``.
     """
 
     replay_limit: int
@@ -290,17 +305,19 @@ class AppOptions(TypedDict, total=False):
 
     Safety: ``authenticate``, ``allowed_origins``, ``trusted_proxies``, ``handshake_timeout``,
     ``max_sessions``, ``max_sessions_per_peer``, ``first_turn_timeout``, ``resume_window``,
-    ``max_open_calls``, ``max_queued_app_calls``, ``max_messages_per_second``, ``replay_limit``,
-    ``replay_limit_bytes``, ``max_message_size``, ``max_history_bytes``.
+    ``max_open_calls``, ``max_queued_app_calls``, ``max_messages_per_second``,
+    ``audio_speed_limit``, ``replay_limit``, ``replay_limit_bytes``, ``max_message_size``,
+    ``max_history_bytes``.
 
     Observability: ``capture_content``, ``metrics``.
     """
 
     capabilities: Collection[str]
     """What this server supports, of vrt/1's capabilities: pass ``()`` to act as a server without
-    ``tool-stream-v1``.
+    ``tool-stream-v1``. ``audio-v1`` is offered only when the agent's model is a realtime one
+    (``vrt.models.OpenAIRealtime``, ``GeminiLive``).
 
-    Default: ``('tool-stream-v1', 'batch-v1', 'local-preview-v1', 'handover-v1')``.
+    Default: ``('tool-stream-v1', 'batch-v1', 'local-preview-v1', 'handover-v1', 'audio-v1')``.
     """
 
     web_demo: bool
@@ -396,6 +413,20 @@ class AppOptions(TypedDict, total=False):
     the session is closed (``server``).
 
     Default: ``100.0``. Command line: ``vrt serve --max-messages-per-second``.
+    """
+
+    audio_speed_limit: float
+    """``audio-v1``: the bound of each direction's audio in bytes a second, as times real time of
+    that direction's rate (PCM16: 2 bytes a sample; 4 at 24 kHz is 192,000 bytes a second), averaged
+    over 2 s (so 2 s at the bound, 8 s of audio by default, may come at once). Real-time audio in
+    any frame size stays far under it, and audio frames are not counted by
+    ``max_messages_per_second``. A client over it gets ``error`` ``RATE_LIMITED`` and its session is
+    closed (``server``); the model's voice over it waits its turn to be sent. Each connection holds
+    at most 10 s of the model's voice unsent (a client that does not read, a model far faster than
+    the bound): past that the oldest of the turn is dropped (and counted); the engine is never held
+    for audio.
+
+    Default: ``4.0``. Command line: ``vrt serve --audio-speed-limit``.
     """
 
     replay_limit: int

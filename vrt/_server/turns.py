@@ -70,12 +70,13 @@ class Turns:
         self._inputs.append((text, self._interrupts))
         self.start()
 
-    def interrupt(self, epoch: int) -> None:
+    def interrupt(self, epoch: int, *, heard_ms: int | None = None) -> None:
         """The client's ``interrupt`` (its new ``epoch``): the open turn, and a turn of an
-        input that came before it and has not started yet, are interrupted."""
+        input that came before it and has not started yet, are interrupted. ``heard_ms``:
+        how much of the open turn's audio the user heard (``audio-v1``)."""
         assert self._session is not None
         self._interrupts += 1
-        self._session.interrupt(max(epoch, self._session.epoch + 1))
+        self._session.interrupt(max(epoch, self._session.epoch + 1), heard_ms=heard_ms)
 
     def extend(self, texts: Iterable[str]) -> None:
         """Inputs that moved with the session (adopted from the store): in line now."""

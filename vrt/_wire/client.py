@@ -6,7 +6,11 @@ terminal phases for one call: :meth:`ClientProtocol.interrupt` cancels every ope
 once, locally, and the server's own ``cancelled`` for the same call is then refused by the
 machine and dropped. Every ``tool.call`` has an AppCall machine: the epoch gate answers a
 stale one INTERRUPTED at once; current ones queue and :meth:`next_app_call` hands them out
-one at a time, in arrival order, only after the previous one has its result.
+one at a time, in arrival order, only after the previous one has its result. With
+``audio-v1`` the same epoch gates the model's voice (:class:`~vrt._wire.audio.Gate`): a
+binary frame reaches the app only inside its turn's ``audio.start``/``audio.end`` span and
+only while that turn's epoch is the client's, so the audio of an interrupted turn still on
+the wire is dropped the moment :meth:`ClientProtocol.interrupt` raises the epoch.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import attrs
 
 from vrt._core.bounded import RecentSet
 from vrt._core.events import (
+    AudioDelta,
     Closed,
     Phase,
     TextSoFar,
     ToolPreview,
     ToolStream,
+    Transcript,
     TurnEnded,
     TurnStarted,
 )
@@ -35,6 +41,7 @@ from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION, Machine, StrictMac
 from vrt._errors import InvalidTransition
 from vrt._wire import codec
 from vrt._wire import messages as m
+from vrt._wire.audio import AudioInfo, Gate, refusal
 from vrt._wire.endpoint import Endpoint, FrameTooLarge
 
 _VIEW_EVENT = {
@@ -167,6 +174,12 @@ class ClientProtocol(Endpoint):
         self.resume_token: str | None = None
         self.epoch = 0
         self.turn_id: str | None = None
+        self.turn_epoch = 0
+        """The epoch of the last turn started (:attr:`turn_id`)."""
+        self.audio: AudioInfo | None = None
+        """The session's audio, once ``audio-v1`` is negotiated."""
+        self.gate = Gate()
+        """Which of the server's audio frames the app gets (``audio-v1``)."""
         self.views: dict[str, _View] = {}
         self.local_previews = False
         """``local-preview-v1`` (with ``tool-stream-v1``) was negotiated: previews are made
@@ -237,12 +250,15 @@ class ClientProtocol(Endpoint):
         """Queue user input (a new turn; the server interrupts an open one first)."""
         self.send(m.Input, text=text)
 
-    def interrupt(self) -> list[Any]:
+    def interrupt(self, heard_ms: int | None = None) -> list[Any]:
         """The user interrupted: raise the epoch, cancel every open call locally at once.
 
         Returns the ``cancelled`` events (one per open call) and, if an app tool is
         running, an :class:`AbortApp` for it; queued app calls are dropped. Then queues the
-        ``interrupt`` message for the server.
+        ``interrupt`` message for the server, with ``heardMs`` when ``heard_ms`` is given
+        and ``audio-v1`` was negotiated (a server without it would refuse the field, and
+        the interrupt with it). From now on the interrupted turn's audio is dropped (the
+        epoch gate).
         """
         self.epoch += 1
         out: list[Any] = []
@@ -255,7 +271,8 @@ class ClientProtocol(Endpoint):
             # of this moment never reaches the app, the call being ignored from here on.
             out.append(attrs.evolve(view.first, phase=Phase.CANCELLED))
         out.extend(self.abort_all("interrupted"))
-        self.send(m.Interrupt, epoch=self.epoch)
+        heard = heard_ms if self.audio is not None else None
+        self.send(m.Interrupt, epoch=self.epoch, heard_ms=heard)
         return out
 
     def next_app_call(self) -> AppCallTicket | None:
@@ -298,6 +315,8 @@ class ClientProtocol(Endpoint):
 
     def receive(self, frame: str | bytes) -> list[Any]:
         """Process one frame; return what the app and the runner must see."""
+        if not isinstance(frame, str) and self.audio is not None:
+            return self._audio(frame)
         try:
             data = codec.parse(frame)
         except codec.DecodeError as exc:
@@ -315,6 +334,22 @@ class ClientProtocol(Endpoint):
                     break  # ``closed`` is the last word: nothing after it is read
             return out
         return self._message(data, "a frame")
+
+    def _audio(self, frame: bytes) -> list[Any]:
+        """``audio-v1``: a binary frame is the model's voice, for the app if the gate lets
+        it through (its turn's span is open and its epoch is the client's)."""
+        assert self.audio is not None
+        rate = self.audio.output_rate
+        problem = refusal(len(frame), rate)
+        if problem is not None:
+            return [m.Error(seq=0, code=problem[0], message=f"from the server: {problem[1]}")]
+        turn_id = self.gate.admits(self.epoch)
+        if turn_id is None:
+            if not self.gate.open:
+                text = "from the server: an audio frame outside an audio.start/audio.end span"
+                return [m.Error(seq=0, code=m.BAD_MESSAGE, message=text)]
+            return []  # it crossed an interrupt: the user must not hear it
+        return [AudioDelta(turn_id=turn_id, pcm=bytes(frame), sample_rate=rate)]
 
     def _message(self, data: Any, what: str) -> list[Any]:
         try:
@@ -341,6 +376,8 @@ class ClientProtocol(Endpoint):
                                 "another session")]  # fmt: skip
             self.connection.send("resumed")
             self.epoch = max(self.epoch, msg.epoch)
+            if msg.audio is not None and self.audio is not None:
+                self.audio = AudioInfo.of(msg.audio)
             # Every message of ours after the server's lastSeq again, in order.
             self.peer_acked(msg.last_seq)
             self.outbox.extend(frame for seq, frame in self.replay if seq > msg.last_seq)
@@ -356,14 +393,22 @@ class ClientProtocol(Endpoint):
         # offered (a broken one) does not switch on what this client did not ask for.
         offered = self.offered
         caps = tuple(c for c in msg.capabilities if c in offered)
+        broken: list[Any] = []
+        if m.AUDIO_V1 in caps:
+            if msg.audio is None:  # a broken server: no rates, no audio
+                caps = tuple(c for c in caps if c != m.AUDIO_V1)
+                text = "from the server: audio-v1 without the audio rates"
+                broken.append(m.Error(seq=0, code=m.BAD_MESSAGE, message=text))
+            else:
+                self.audio = AudioInfo.of(msg.audio)
         self.capabilities, self.epoch = caps, max(self.epoch, msg.epoch)
         self.batching = m.BATCH_V1 in caps
         self.local_previews = m.local_previews(caps)
-        return [Welcomed(session_id=msg.session_id, capabilities=caps)]
+        return [*broken, Welcomed(session_id=msg.session_id, capabilities=caps)]
 
     def _on_turn_started(self, msg: m.TurnStartedMessage) -> list[Any]:
         self.epoch = max(self.epoch, msg.epoch)
-        self.turn_id = msg.turn_id
+        self.turn_id, self.turn_epoch = msg.turn_id, msg.epoch
         self.open_turn = msg.turn_id
         return [TurnStarted(turn_id=msg.turn_id, epoch=msg.epoch)]
 
@@ -374,10 +419,24 @@ class ClientProtocol(Endpoint):
         self._ended.add(msg.turn_id)
         if self.open_turn == msg.turn_id:
             self.open_turn = None
+        self.gate.end(msg.turn_id)  # (a turn a server adopted after a crash may not say)
         return [TurnEnded(turn_id=msg.turn_id, epoch=msg.epoch, reason=msg.reason)]
 
     def _on_text_delta(self, msg: m.TextDeltaMessage) -> list[Any]:
         return [TextDeltaEvent(turn_id=msg.turn_id, text=msg.text)]
+
+    def _on_audio_start(self, msg: m.AudioStart) -> list[Any]:
+        self.gate.start(msg.turn_id, msg.epoch)
+        return []
+
+    def _on_audio_end(self, msg: m.AudioEnd) -> list[Any]:
+        self.gate.end(msg.turn_id)
+        return []
+
+    def _on_transcript(self, msg: m.TranscriptMessage) -> list[Any]:
+        if msg.role == "agent" and msg.turn_id == self.turn_id and self.turn_epoch < self.epoch:
+            return []  # the words of audio the epoch gate drops: the user never heard them
+        return [Transcript(turn_id=msg.turn_id, role=msg.role, text=msg.text)]
 
     def _on_tool_stream(self, msg: m.ToolStreamMessage) -> list[Any]:
         call_id = msg.call_id

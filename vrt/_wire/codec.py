@@ -64,6 +64,8 @@ _RECORDS: tuple[type[Any], ...] = (
     m.ResumeRequest,
     m.OpenCall,
     m.WireResult,
+    m.AudioStream,
+    m.AudioSpec,
     *m.CLIENT_TYPES,
     *m.SERVER_TYPES,
 )

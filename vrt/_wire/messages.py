@@ -25,8 +25,15 @@ tens of thousands, each handled before the server's thread does anything else)."
 HANDOVER_V1 = "handover-v1"
 """The session may move to another server process: close code 1012 means "resume now,
 elsewhere", and a resume ``hello`` says which calls (and turn) the client holds open."""
+AUDIO_V1 = "audio-v1"
+"""Binary frames carry PCM16 audio both ways; ``welcome`` says the rates (``audio``). The
+server offers it only when its agent's model is a realtime one, the client only when
+asked (``vrt.connect(..., audio=True)``)."""
 CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1, BATCH_V1, LOCAL_PREVIEW_V1, HANDOVER_V1)
 """What both Python sides support and offer by default."""
+SUPPORTED: tuple[str, ...] = (*CAPABILITIES, AUDIO_V1)
+"""Everything this implementation supports: :data:`CAPABILITIES` and ``audio-v1``, which
+is offered only where it applies (a realtime agent; a client that asked for it)."""
 LEGACY: tuple[str, ...] = (TOOL_STREAM_V1,)
 """What they offered before batches and local previews: the wire of one object a frame,
 previews included."""
@@ -70,6 +77,24 @@ class OpenCall:
     kind: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class AudioStream:
+    """One direction's audio in ``welcome.audio``: its ``format`` (``pcm16``: little-endian
+    mono) and ``rate`` (samples per second)."""
+
+    format: str
+    rate: int
+
+
+@attrs.frozen(kw_only=True)
+class AudioSpec:
+    """``welcome.audio`` (``audio-v1``): the client's voice (``input``) and the model's
+    (``output``)."""
+
+    input: AudioStream
+    output: AudioStream
+
+
 OPEN_LIMIT = 256
 """The most entries a resume hello's ``open`` holds (the server's max_open_calls is 64)."""
 
@@ -110,6 +135,9 @@ class Interrupt:
     TYPE: ClassVar[str] = "interrupt"
     seq: int
     epoch: int
+    heard_ms: int | None = None
+    """``audio-v1``: milliseconds of the turn's audio the client played, from its
+    ``audio.start``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -155,6 +183,8 @@ class Welcome:
     capabilities: tuple[str, ...]
     resumed: bool
     last_seq: int
+    audio: AudioSpec | None = None
+    """The rates, when ``audio-v1`` is negotiated (absent otherwise)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -241,6 +271,38 @@ class TurnEndedMessage:
 
 
 @attrs.frozen(kw_only=True)
+class AudioStart:
+    """``audio-v1``: the turn's audio frames follow (the first one next)."""
+
+    TYPE: ClassVar[str] = "audio.start"
+    seq: int
+    turn_id: str
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class AudioEnd:
+    """``audio-v1``: the turn's last audio frame went before this; ``sent_ms`` of it were
+    sent."""
+
+    TYPE: ClassVar[str] = "audio.end"
+    seq: int
+    turn_id: str
+    sent_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class TranscriptMessage:
+    """``audio-v1``: what was said aloud, as text (``role`` ``user`` or ``agent``)."""
+
+    TYPE: ClassVar[str] = "transcript"
+    seq: int
+    turn_id: str
+    role: str
+    text: str
+
+
+@attrs.frozen(kw_only=True)
 class Error:
     TYPE: ClassVar[str] = "error"
     seq: int
@@ -267,6 +329,9 @@ ServerMessage = (
     | ToolAbort
     | ConfirmRequestMessage
     | TurnEndedMessage
+    | AudioStart
+    | AudioEnd
+    | TranscriptMessage
     | Error
     | ClosedMessage
     | Ack
@@ -292,6 +357,9 @@ SERVER_TYPES: tuple[type[Any], ...] = (
     ToolAbort,
     ConfirmRequestMessage,
     TurnEndedMessage,
+    AudioStart,
+    AudioEnd,
+    TranscriptMessage,
     Error,
     ClosedMessage,
     Ack,

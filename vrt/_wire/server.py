@@ -2,7 +2,10 @@
 
 :meth:`ServerProtocol.receive` takes one frame and returns the messages the session must
 act on; every protocol error (bad JSON, unknown type, schema, oversize, input before hello)
-is answered here, in :attr:`outbox`, and never reaches the session.
+is answered here, in :attr:`outbox`, and never reaches the session. Once ``audio-v1`` is
+negotiated (offered only with the rates of the agent's realtime model), a binary frame that
+keeps the audio rules (:mod:`vrt._wire.audio`) is the user's voice,
+:class:`~vrt._wire.audio.AudioIn`.
 
 It also keeps the books of the app calls it sends (:meth:`ServerProtocol.send_call`): which
 ``tool.result`` is awaited, in which epoch, and what became of the others, so that a late,
@@ -22,6 +25,7 @@ from vrt._core.tables import SESSION
 from vrt._errors import DefinitionError
 from vrt._wire import codec
 from vrt._wire import messages as m
+from vrt._wire.audio import AudioIn, AudioInfo, refusal
 from vrt._wire.endpoint import REPLAY_LIMIT, REPLAY_LIMIT_BYTES, Endpoint
 
 MAX_MESSAGE_SIZE = 1 << 20
@@ -58,14 +62,17 @@ class ServerProtocol(Endpoint):
         replay_limit: int = REPLAY_LIMIT,
         replay_limit_bytes: int = REPLAY_LIMIT_BYTES,
         admit: Callable[[], bool] | None = None,
+        audio: AudioInfo | None = None,
     ) -> None:
         super().__init__(replay_limit=replay_limit, replay_limit_bytes=replay_limit_bytes)
+        self.offered_audio = audio
+        """The rates of the agent's realtime model: ``audio-v1`` is offered only with them."""
         self.admit = admit
         """Asked before a new session is accepted; False refuses it (``RATE_LIMITED``)."""
         self.session_id = session_id
         self.resume_token = resume_token
         self.server_tools = frozenset(server_tools)
-        self.supported = tuple(capabilities)
+        self.supported = tuple(c for c in capabilities if c != m.AUDIO_V1 or audio is not None)
         self.max_message_size = max_message_size
         self.machine = SESSION.new()
         """The Session machine: ``handshaking`` until hello is accepted, ``open``,
@@ -94,6 +101,11 @@ class ServerProtocol(Endpoint):
         """The session exists: accepted and not closed (``open`` or ``detached``)."""
         return self.state in ("open", "detached")
 
+    @property
+    def audio(self) -> AudioInfo | None:
+        """The session's audio, when ``audio-v1`` was negotiated (else None)."""
+        return self.offered_audio if m.AUDIO_V1 in self.capabilities else None
+
     def receive(self, frame: str | bytes) -> list[Any]:
         """Process one frame; return the client messages the session must act on.
 
@@ -105,6 +117,8 @@ class ServerProtocol(Endpoint):
             return []
         in_session = self.state == "open"
         self.frame_messages = 1
+        if not isinstance(frame, str) and in_session and m.AUDIO_V1 in self.capabilities:
+            return self._audio(frame)
         if len(frame) > self.max_message_size // 4:  # a character is at most 4 bytes
             # surrogatepass: a lone surrogate (possible in memory, never on a socket) counts
             # 3 bytes instead of raising
@@ -124,6 +138,17 @@ class ServerProtocol(Endpoint):
         if type(data) is list and in_session and self.batching:
             return self._batch(data)
         return self._message(data, in_session)
+
+    def _audio(self, frame: bytes) -> list[Any]:
+        """``audio-v1``: a binary frame is the user's voice. One against the rules is
+        answered (no ``ref``: it has no seq) and the session goes on."""
+        info = self.offered_audio
+        assert info is not None
+        problem = refusal(len(frame), info.input_rate)
+        if problem is not None:
+            self.error(*problem)
+            return []
+        return [AudioIn(pcm=bytes(frame))]
 
     def _batch(self, items: list[Any]) -> list[Any]:
         """``batch-v1``: each message in order, as if it had come alone."""
@@ -276,6 +301,7 @@ class ServerProtocol(Endpoint):
             capabilities=self.capabilities,
             resumed=True,
             last_seq=self.received_seq,
+            audio=self._audio_spec(),
         )
         self.outbox.extend(frame for seq, frame in self.replay if seq > last_seq)
         self.ack_state_reset()
@@ -383,9 +409,15 @@ class ServerProtocol(Endpoint):
             capabilities=self.capabilities,
             resumed=False,
             last_seq=hello.seq,
+            audio=self._audio_spec(),
         )
         self.accept(hello.seq)  # after welcome: an ack it triggers must not come first
         return [hello]
+
+    def _audio_spec(self) -> m.AudioSpec | None:
+        """``welcome.audio``: the rates, when ``audio-v1`` is negotiated."""
+        info = self.audio
+        return info.spec() if info is not None else None
 
     def _refusal(self, hello: m.Hello) -> tuple[str, str] | None:
         if hello.protocol != m.PROTOCOL:
