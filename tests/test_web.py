@@ -235,7 +235,8 @@ async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) 
 # -- the schema checker ----------------------------------------------------------------------
 
 
-ALL_SCHEMAS = {cls.TYPE: codec.schema_of(cls.TYPE) for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)}
+TYPES = (*m.CLIENT_TYPES, *m.SERVER_TYPES, *m.AUDIO_SERVER_TYPES)
+ALL_SCHEMAS = {cls.TYPE: codec.schema_of(cls.TYPE) for cls in TYPES}
 
 DRIVER = """
 import * as checker from %s;
@@ -292,7 +293,7 @@ def python_explains(name: str, data: Any) -> str | None:
     """The codec's refusal of ``data`` as a ``name`` message (None: valid)."""
     valid = compile_schema(ALL_SCHEMAS[name])(data)
     try:
-        codec.structure(json.loads(json.dumps(data)), (*m.CLIENT_TYPES, *m.SERVER_TYPES))
+        codec.structure(json.loads(json.dumps(data)), TYPES)
     except codec.DecodeError as exc:
         refused: str | None = exc.message
     else:
@@ -339,13 +340,15 @@ def valid_examples() -> dict[str, dict[str, Any]]:
         "hello": {"seq": 1, "protocol": "vrt/1", "capabilities": ["batch-v1"], "tools": [tool],
                   "resume": {"sessionId": "s", "token": "k", "lastSeq": 4}},
         "input": {**base, "text": "hi"},
-        "interrupt": {**base, "epoch": 1},
+        "interrupt": {**base, "epoch": 1, "heardMs": 1250},
         "tool.result": {**base, "callId": "c1", "epoch": 0, "result": {"ok": True, "output": 1}},
         "confirm.reply": {**base, "callId": "c1", "approved": False, "reason": "no"},
         "close": base,
         "ack": base,
         "welcome": {"seq": 1, "sessionId": "s", "resumeToken": "k", "epoch": 0,
-                    "capabilities": ["tool-stream-v1"], "resumed": False, "lastSeq": 1},
+                    "capabilities": ["audio-v1"], "resumed": False, "lastSeq": 1,
+                    "audio": {"input": {"format": "pcm16", "rate": 16000},
+                              "output": {"format": "pcm16", "rate": 24000}}},
         "turn.started": {**base, "turnId": "t_1", "epoch": 0},
         "text.delta": {**base, "turnId": "t_1", "text": "Hello"},
         "tool.stream": {**base, **call, "kind": "app", "phase": "settled", "ok": False,
@@ -359,6 +362,9 @@ def valid_examples() -> dict[str, dict[str, Any]]:
         "turn.ended": {**base, "turnId": "t_1", "epoch": 1, "reason": "interrupted"},
         "error": {**base, "code": "BAD_JSON", "message": "nope", "ref": 2},
         "closed": {**base, "reason": "overflow"},
+        "audio.start": {**base, "turnId": "t_1", "epoch": 2},
+        "audio.end": {**base, "turnId": "t_1", "sentMs": 1960},
+        "transcript": {**base, "turnId": "t_1", "role": "agent", "text": "Hello"},
     }  # fmt: skip
     assert examples.keys() == ALL_SCHEMAS.keys()
     return {name: {"type": name, **fields} for name, fields in examples.items()}
@@ -434,6 +440,7 @@ def _stream(**fields: Any) -> tuple[str, dict[str, Any]]:
 
 TOOL = {"name": "edit", "description": "", "parameters": {}}
 FAILURE = {"ok": False, "code": "FAILED"}
+PCM16 = {"format": "pcm16", "rate": 16000}
 HAND_CASES = [
     ("turn.started", {**VALID["turn.started"], "epoch": "0"}),  # wrong type
     ("turn.started", {**VALID["turn.started"], "epoch": True}),  # a bool is no integer
@@ -447,6 +454,12 @@ HAND_CASES = [
     ("turn.started", {**VALID["turn.started"], "extra": 1, "more": 2}),  # extra keys
     ("turn.started", {**VALID["turn.started"], "constructor": 1, "__proto__": 2}),
     ("welcome", {**VALID["welcome"], "capabilities": ["a", 3]}),
+    ("welcome", {**VALID["welcome"], "audio": {"input": PCM16}}),
+    ("welcome", {**VALID["welcome"], "audio": {"input": {**PCM16, "format": "opus"}}}),
+    ("welcome", {**VALID["welcome"], "audio": {"input": {**PCM16, "rate": 4000}, "output": PCM16}}),
+    ("audio.end", {**VALID["audio.end"], "sentMs": 12.5}),
+    ("transcript", {**VALID["transcript"], "role": "system"}),
+    ("interrupt", {**VALID["interrupt"], "heardMs": -1}),
     ("tool.call", {**VALID["tool.call"], "callId": ""}),
     ("tool.abort", {**VALID["tool.abort"], "callId": "\U0001f600"}),  # one code point
     ("confirm.request", {**VALID["confirm.request"], "risk": "extreme"}),

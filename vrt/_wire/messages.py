@@ -25,6 +25,10 @@ tens of thousands, each handled before the server's thread does anything else)."
 HANDOVER_V1 = "handover-v1"
 """The session may move to another server process: close code 1012 means "resume now,
 elsewhere", and a resume ``hello`` says which calls (and turn) the client holds open."""
+AUDIO_V1 = "audio-v1"
+"""Binary frames carry PCM16 audio both ways, in ``audio.start``/``audio.end`` spans
+(PROTOCOL.md, "Audio"). Not in :data:`CAPABILITIES`: a client offers it when it has a
+microphone and a speaker (vrt.js with ``audio: true``)."""
 CAPABILITIES: tuple[str, ...] = (TOOL_STREAM_V1, BATCH_V1, LOCAL_PREVIEW_V1, HANDOVER_V1)
 """What both Python sides support and offer by default."""
 LEGACY: tuple[str, ...] = (TOOL_STREAM_V1,)
@@ -110,6 +114,8 @@ class Interrupt:
     TYPE: ClassVar[str] = "interrupt"
     seq: int
     epoch: int
+    heard_ms: int | None = None
+    """``audio-v1``: the milliseconds of the current turn's audio the client played."""
 
 
 @attrs.frozen(kw_only=True)
@@ -155,6 +161,8 @@ class Welcome:
     capabilities: tuple[str, ...]
     resumed: bool
     last_seq: int
+    audio: dict[str, Any] | None = None
+    """With ``audio-v1``: ``{"input": {"format": "pcm16", "rate": R}, "output": ...}``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -256,6 +264,37 @@ class ClosedMessage:
     reason: str
 
 
+@attrs.frozen(kw_only=True)
+class AudioStart:
+    """``audio-v1``: the turn's audio follows, in binary frames, until ``audio.end``."""
+
+    TYPE: ClassVar[str] = "audio.start"
+    seq: int
+    turn_id: str
+    epoch: int
+
+
+@attrs.frozen(kw_only=True)
+class AudioEnd:
+    """``audio-v1``: the turn's last audio frame was sent; ``sent_ms`` of audio in all."""
+
+    TYPE: ClassVar[str] = "audio.end"
+    seq: int
+    turn_id: str
+    sent_ms: int
+
+
+@attrs.frozen(kw_only=True)
+class Transcript:
+    """``audio-v1``: the model's transcript of the user's or the agent's speech."""
+
+    TYPE: ClassVar[str] = "transcript"
+    seq: int
+    turn_id: str
+    role: str
+    text: str
+
+
 ClientMessage = Hello | Input | Interrupt | ToolResultMessage | ConfirmReply | Ack | Close
 ServerMessage = (
     Welcome
@@ -296,6 +335,11 @@ SERVER_TYPES: tuple[type[Any], ...] = (
     ClosedMessage,
     Ack,
 )
+
+AUDIO_SERVER_TYPES: tuple[type[Any], ...] = (AudioStart, AudioEnd, Transcript)
+"""The server's ``audio-v1`` messages: with their schemas and records here, for vrt.js
+(which speaks ``audio-v1``); outside :data:`SERVER_TYPES` while the Python client does not
+offer it, so to it they are unknown types, as any message of a capability it lacks."""
 
 #: Error codes of PROTOCOL.md.
 BAD_JSON = "BAD_JSON"
