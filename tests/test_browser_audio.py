@@ -1,6 +1,7 @@
 """vrt.js's audio (audio-v1) in a real browser: Debian's Chromium, headless, with a fake
 microphone playing a WAV file (a tone made by sox), against the stand-in audio server of
-tests/web_audio_server.py (the real server's audio side is tested with it elsewhere).
+tests/web_audio_server.py, so that the page's half is tested on its own (the servers' half
+of audio-v1 has its own tests).
 
 Everything timed is read from the page's AudioContext clock: when the interrupt came,
 when the playback worklet applied the flush, when it last played a sample that was not
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_browser import CHROMIUM, run_js
+from tests.test_browser import CHROMIUM, open_page, run_js
 from tests.web_audio_server import AUDIO, TONE, AudioServer, audio_server
 
 pytestmark = pytest.mark.network  # a real browser: the first pass only, as tests/test_browser.py
@@ -67,18 +68,6 @@ def browser(tone_wav: Path) -> Iterator[Any]:
 def server() -> Iterator[AudioServer]:
     with audio_server() as running:
         yield running
-
-
-def open_page(browser: Any, server: AudioServer) -> Any:
-    """A page of the stand-in's HTTP origin, its console kept on ``console``."""
-    page = browser.new_page()
-    console: list[str] = []
-    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-    page.route("**/favicon.ico", lambda route: route.fulfill(status=204))
-    page.goto(server.page)
-    page.console = console
-    return page
 
 
 SESSION = """async ([url]) => {
@@ -147,7 +136,7 @@ def test_the_page_talks_and_listens_and_an_interrupt_silences_it(
     voice plays at its pitch; the user's interrupt silences it within a render quantum,
     says how much was heard, and a frame that crossed it never plays; a span of an older
     epoch never plays; the server's interrupt silences it too."""
-    page = open_page(browser, server)
+    page = open_page(browser, server.front)
     got = run_js(page, SESSION, [server.url], within=20)
     assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
     assert got["caps"] == ["tool-stream-v1", "audio-v1"]
@@ -228,6 +217,6 @@ NO_AUDIO = """async ([url]) => {
 def test_without_audio_the_page_offers_none_and_has_no_audio(
     browser: Any, server: AudioServer
 ) -> None:
-    page = open_page(browser, server)
+    page = open_page(browser, server.front)
     assert run_js(page, NO_AUDIO, [server.url]) == [["tool-stream-v1"], None]
     assert "audio-v1" not in server.heard.messages[0]["capabilities"]

@@ -1,6 +1,6 @@
 """A hand-written vrt/1 server that speaks ``audio-v1``, for tests/test_browser_audio.py.
 
-A stand-in for the real server's audio side (not this module's to test): it welcomes a
+A stand-in for the servers' audio side (not what the test is about): it welcomes a
 client that offers ``audio-v1`` with the rates of :data:`AUDIO`, keeps every binary frame
 the client sends (the microphone) and every message, and answers each ``input`` by its
 text, each a turn of the agent's voice (a sine tone, PCM16 at the output rate):
@@ -12,7 +12,7 @@ text, each a turn of the agent's voice (a sine tone, PCM16 at the output rate):
   then the turn: 2 s of tone at once, and 0.4 s later a server-side interrupt
   (``audio.end``, ``turn.ended`` ``interrupted`` with the epoch raised).
 
-The browser loads the page and ``/vrt.js`` from :attr:`AudioServer.page`, a plain HTTP
+The browser loads the page and ``/vrt.js`` from :attr:`AudioServer.front`, a plain HTTP
 server answering with vrt's own route table (:func:`vrt._net.web.respond`: the worklet's
 route is the real one).
 """
@@ -171,8 +171,9 @@ class _Page(http.server.BaseHTTPRequestHandler):
 class AudioServer:
     url: str
     """The WebSocket's ws:// URL."""
-    page: str
-    """An http:// page of the front's origin (a secure context: 127.0.0.1)."""
+    front: str
+    """The HTTP front's, as ``tests/test_browser.open_page`` takes a server's (ws://): its
+    pages are of the origin that serves /vrt.js (http://127.0.0.1, a secure context)."""
     heard: Heard
 
 
@@ -206,8 +207,9 @@ def audio_server() -> Iterator[AudioServer]:
     pages = threading.Thread(target=front.serve_forever, daemon=True)
     pages.start()
     try:
-        page = f"http://127.0.0.1:{front.server_address[1]}/healthz"
-        yield AudioServer(f"ws://127.0.0.1:{port}/", page, heard)
+        yield AudioServer(
+            f"ws://127.0.0.1:{port}/", f"ws://127.0.0.1:{front.server_address[1]}/", heard
+        )
     finally:
         front.shutdown()
         front.server_close()
