@@ -19,7 +19,7 @@ import { VrtError } from "./codec.js";
 
 /** The processors' module, served beside this one (`GET /audio-worklet.js`). */
 const WORKLET = new URL("./audio-worklet.js", import.meta.url);
-/** Samples of one microphone frame, in ms of the input rate (PROTOCOL.md allows up to 100). */
+/** One microphone frame, in ms (PROTOCOL.md allows up to 100). */
 const FRAME_MS = 20;
 /** Seconds of the agent's voice the speaker queues at most (a flood is not buffered). */
 const QUEUE_LIMIT = 600;
@@ -37,8 +37,8 @@ const MICROPHONE = Object.freeze({
 });
 
 /** One session's audio (`client.audio`), made by the client after a welcome that granted
- * audio-v1. `formats`: the welcome's `audio`; `io.send(pcm)` sends a binary frame now or
- * says false; `io.openTurn()` is the turn the page saw start and not end (or null);
+ * audio-v1. `formats`: the welcome's `audio`; `io.send(pcm, backlog)` sends a binary frame
+ * now or says false; `io.openTurn()` is the turn the page saw start and not end (or null);
  * `io.context`: the page's own AudioContext (else one is made, and closed with the
  * session). */
 export class ClientAudio {
