@@ -105,7 +105,7 @@ export class ClientAudio {
       numberOfOutputs: 0,
       channelCount: 1,
       channelCountMode: "explicit",
-      processorOptions: { rate: this.input.rate, frame: Math.round((this.input.rate * FRAME_MS) / 1000) },
+      processorOptions: { rate: this.input.rate, frame: Math.ceil((this.input.rate * FRAME_MS) / 1000) },
     });
     capture.port.onmessage = ({ data }) => this._captured(data);
     source.connect(capture);
