@@ -842,8 +842,9 @@ def test_the_js_core_gates_audio_by_epoch() -> None:
     """audio-v1 in vrt.js's sans-IO core: offered with ``audio``; binary frames checked (a
     whole number of samples, at most 100 ms, inside a span) and handed to the speaker
     with the epoch gate's verdict (a span of the epoch the user interrupted, or of an
-    older one, is never played); the interrupt carries the speaker's heardMs; the server's
-    turn.ended ``interrupted`` flushes it."""
+    older one, is never played); the interrupt carries the speaker's heardMs; the agent's
+    words of the interrupted turn are dropped with its audio; the server's turn.ended
+    ``interrupted`` flushes it."""
     started = server_frame("turn.started", 2, turnId="t1", epoch=0)
     got = audio_core(True, [
         audio_welcome(audio=FORMATS),
@@ -857,16 +858,18 @@ def test_the_js_core_gates_audio_by_epoch() -> None:
         960,  # crossed the interrupt: of epoch 0, now stale
         server_frame("audio.end", 4, turnId="t1", sentMs=260),
         960,  # outside a span
-        server_frame("transcript", 5, turnId="t1", role="agent", text="Hello"),
-        server_frame("turn.ended", 6, turnId="t1", epoch=1, reason="interrupted"),
-        server_frame("audio.start", 7, turnId="t0", epoch=0),  # behind: dropped whole
+        server_frame("transcript", 5, turnId="t1", role="user", text="Stop"),
+        server_frame("transcript", 6, turnId="t1", role="agent", text="Hello"),  # not heard
+        server_frame("turn.ended", 7, turnId="t1", epoch=1, reason="interrupted"),
+        server_frame("audio.start", 8, turnId="t0", epoch=0),  # behind: dropped whole
         960,
-        server_frame("audio.end", 8, turnId="t0", sentMs=20),
-        server_frame("turn.started", 9, turnId="t2", epoch=1),
-        server_frame("audio.start", 10, turnId="t2", epoch=1),
+        server_frame("audio.end", 9, turnId="t0", sentMs=20),
+        server_frame("turn.started", 10, turnId="t2", epoch=1),
+        server_frame("audio.start", 11, turnId="t2", epoch=1),
         960,
-        server_frame("audio.end", 11, turnId="t2", sentMs=20),
-        server_frame("turn.ended", 12, turnId="t2", epoch=2, reason="interrupted"),
+        server_frame("transcript", 12, turnId="t2", role="agent", text="Hi"),
+        server_frame("audio.end", 13, turnId="t2", sentMs=20),
+        server_frame("turn.ended", 14, turnId="t2", epoch=2, reason="interrupted"),
     ])  # fmt: skip
     assert "audio-v1" in json.loads(got["written"][0])["capabilities"]
     assert got["caps"] == ["audio-v1"] and got["audio"] == FORMATS
@@ -876,15 +879,16 @@ def test_the_js_core_gates_audio_by_epoch() -> None:
         ["begin", "t1", 0, True],
         ["play", "t1", 960, True],
         ["play", "t1", 4800, True],
-        ["error", "TOO_LARGE", "from the server: an audio frame of 4802 bytes: over 100 ms "
-                               "at 24000 Hz"],
-        ["error", "BAD_MESSAGE", "from the server: an audio frame of 961 bytes: PCM16 samples "
-                                 "are 2 bytes"],
+        ["error", "TOO_LARGE", "from the server: an audio frame of 4802 bytes is over 100 ms "
+                               "(4800 bytes at 24000 Hz)"],
+        ["error", "BAD_MESSAGE", "from the server: an audio frame of 961 bytes: PCM16 takes a "
+                                 "whole number of 2-byte samples"],
         ["interrupted"],
         ["play", "t1", 960, False],
         ["end", "t1", 260],
-        ["error", "BAD_STATE", "from the server: an audio frame outside audio.start/audio.end"],
-        ["transcript", "t1", "Hello"],
+        ["error", "BAD_MESSAGE", "from the server: an audio frame outside an "
+                                 "audio.start/audio.end span"],
+        ["transcript", "t1", "Stop"],
         ["flush", "t1", True],  # (audio.js: t1 was cut by the user's interrupt already)
         ["turn.ended", "t1", None],
         ["begin", "t0", 0, False],
@@ -892,6 +896,7 @@ def test_the_js_core_gates_audio_by_epoch() -> None:
         ["end", "t0", 20],
         ["begin", "t2", 1, True],
         ["play", "t2", 960, True],
+        ["transcript", "t2", "Hi"],
         ["end", "t2", 20],
         ["flush", "t2", True],  # the server's interrupt
         ["turn.ended", "t2", None],
@@ -920,9 +925,8 @@ def test_without_audio_v1_the_js_core_refuses_audio_as_the_python_client() -> No
         assert got["caps"] == [] and got["audio"] is None
         errors = [g for g in got["got"] if g[0] == "error"]
         if offer:  # granted without its rates: not granted
-            assert errors.pop(0) == [
-                "error", "BAD_MESSAGE", "from the server: welcome: audio-v1 without its `audio` "
-                "(the rates)"]  # fmt: skip
+            rates = "from the server: audio-v1 without the audio rates"
+            assert errors.pop(0) == ["error", "BAD_MESSAGE", rates]
         assert errors == expected
         assert json.loads(got["written"][-1]) == {"type": "interrupt", "epoch": 1, "seq": 2}
 

@@ -44,7 +44,7 @@ const HANDOVER_V1 = "handover-v1";
 export const AUDIO_V1 = "audio-v1";
 /** The server's messages of audio-v1: an unknown type without it (as to the Python client). */
 const AUDIO_TYPES = new Set(["audio.start", "audio.end", "transcript"]);
-/** The longest audio frame, in ms (PROTOCOL.md). */
+/** The longest audio frame, in ms of its rate (PROTOCOL.md). */
 const AUDIO_FRAME_MS = 100;
 /** The most entries of a resume hello's `open` (vrt/_wire/messages.py's OPEN_LIMIT). */
 const OPEN_LIMIT = 256;
@@ -83,6 +83,7 @@ export class Protocol {
     this.outbox = [];
     this.views = new CallViews((type, detail) => host.emit(type, detail));
     this.openTurn = null; // the turn the app saw start and not end (handover-v1)
+    this.lastTurn = null; // {turnId, epoch} of the last turn.started
     this.ended = new Set(); // turns whose turn.ended the app saw (the newest ENDED_KEPT)
     this.batching = false;
     this.audio = null; // with audio-v1: the welcome's `audio` (the rates)
@@ -288,15 +289,17 @@ export class Protocol {
   /** A binary frame with audio-v1: the agent's voice, checked, through the epoch gate. */
   _sound(data) {
     const bytes = data.byteLength;
-    const ms = (bytes * 500) / this.audio.output.rate;
+    const rate = this.audio.output.rate;
+    const limit = 2 * Math.max(1, Math.floor((rate * AUDIO_FRAME_MS) / 1000));
     let why = null;
     if (bytes % 2 !== 0) {
-      why = new Broken("BAD_MESSAGE", `an audio frame of ${bytes} bytes: PCM16 samples are 2 bytes`);
-    } else if (ms > AUDIO_FRAME_MS) {
-      const rate = this.audio.output.rate;
-      why = new Broken("TOO_LARGE", `an audio frame of ${bytes} bytes: over ${AUDIO_FRAME_MS} ms at ${rate} Hz`);
+      const what = "PCM16 takes a whole number of 2-byte samples";
+      why = new Broken("BAD_MESSAGE", `an audio frame of ${bytes} bytes: ${what}`);
+    } else if (bytes > limit) {
+      const what = `over ${AUDIO_FRAME_MS} ms (${limit} bytes at ${rate} Hz)`;
+      why = new Broken("TOO_LARGE", `an audio frame of ${bytes} bytes is ${what}`);
     } else if (this.span === null) {
-      why = new Broken("BAD_STATE", "an audio frame outside audio.start/audio.end");
+      why = new Broken("BAD_MESSAGE", "an audio frame outside an audio.start/audio.end span");
     }
     if (why !== null) {
       this._broken(why);
@@ -364,7 +367,7 @@ export class Protocol {
     if (this.capabilities.includes(AUDIO_V1)) {
       if (msg.audio === undefined) {
         this.capabilities = this.capabilities.filter((c) => c !== AUDIO_V1);
-        this._broken(new Broken("BAD_MESSAGE", "welcome: audio-v1 without its `audio` (the rates)"));
+        this._broken(new Broken("BAD_MESSAGE", "audio-v1 without the audio rates"));
       } else {
         this.audio = msg.audio;
       }
@@ -379,6 +382,7 @@ export class Protocol {
   _onTurnStarted(msg) {
     this.epoch = Math.max(this.epoch, msg.epoch);
     this.openTurn = msg.turnId;
+    this.lastTurn = { turnId: msg.turnId, epoch: msg.epoch };
     this.host.emit("turn.started", { turnId: msg.turnId, epoch: msg.epoch });
   }
 
@@ -409,6 +413,10 @@ export class Protocol {
   }
 
   _onTranscript(msg) {
+    const turn = this.lastTurn;
+    if (msg.role === "agent" && msg.turnId === turn?.turnId && turn.epoch < this.epoch) {
+      return; // the words of audio the epoch gate drops: the user never heard them
+    }
     const { seq, type, ...transcript } = msg;
     this.host.emit("transcript", transcript);
   }

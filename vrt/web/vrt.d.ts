@@ -168,14 +168,15 @@ export interface ConfirmRequestDetail {
  * BAD_JSON, BAD_MESSAGE (not an object, a binary frame, the schema), UNKNOWN_TYPE,
  * BAD_STATE; INTERNAL for a failure of vrt.js itself. With audio-v1, an audio frame of
  * an odd length is BAD_MESSAGE, one over 100 ms TOO_LARGE, one outside an audio.start /
- * audio.end span BAD_STATE (each dropped). The session goes on. */
+ * audio.end span BAD_MESSAGE (each dropped). The session goes on. */
 export interface ErrorDetail {
   code: string;
   message: string;
   ref?: number;
 }
 
-/** The model's transcript of the user's or the agent's speech (audio-v1). */
+/** The model's transcript of the user's or the agent's speech (audio-v1). The agent's
+ * words of a turn the user interrupted are dropped with its audio (never heard). */
 export interface TranscriptDetail {
   turnId: string;
   role: "user" | "agent";
