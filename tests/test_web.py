@@ -202,17 +202,21 @@ def test_healthz_tells_the_balancer_to_send_nobody_new(
 def test_every_module_vrt_js_imports_is_served() -> None:
     """vrt.js imports its modules by relative URL, so each is fetched from the front beside
     it: a module of vrt/web that is not in WEB_FILES would fail only in a browser. And every
-    served script is one of them (nothing in WEB_FILES that vrt.js does not load)."""
+    served script is one of them (nothing in WEB_FILES that vrt.js does not load). A module
+    loaded by URL (the audio worklet: ``new URL("./...", import.meta.url)``) counts too."""
     imported = re.compile(r'^(?:import|export)\b[^;]*?\bfrom "\./([\w.-]+)";', re.M | re.S)
+    loaded = re.compile(r'\bnew URL\("\./([\w.-]+)", import\.meta\.url\)')
     seen, todo = set(), ["vrt.js"]
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
-            todo += imported.findall((webtables.WEB / name).read_text())
+            text = (webtables.WEB / name).read_text()
+            todo += imported.findall(text) + loaded.findall(text)
     scripts = {path[1:] for path, (_, kind) in WEB_FILES.items() if "javascript" in kind}
     assert seen == scripts
     assert {"codec.js", "protocol.js", "runner.js", "views.js", "machines.js"} < seen
+    assert {"audio.js", "audio-worklet.js"} < seen
     assert {p.name for p in webtables.WEB.glob("*.js")} == seen
 
 
@@ -235,7 +239,8 @@ async def test_upgrades_pass_the_front_and_its_checks_as_before(vrt_serve: Any) 
 # -- the schema checker ----------------------------------------------------------------------
 
 
-ALL_SCHEMAS = {cls.TYPE: codec.schema_of(cls.TYPE) for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)}
+TYPES = (*m.CLIENT_TYPES, *m.SERVER_TYPES)
+ALL_SCHEMAS = {cls.TYPE: codec.schema_of(cls.TYPE) for cls in TYPES}
 
 DRIVER = """
 import * as checker from %s;
@@ -292,7 +297,7 @@ def python_explains(name: str, data: Any) -> str | None:
     """The codec's refusal of ``data`` as a ``name`` message (None: valid)."""
     valid = compile_schema(ALL_SCHEMAS[name])(data)
     try:
-        codec.structure(json.loads(json.dumps(data)), (*m.CLIENT_TYPES, *m.SERVER_TYPES))
+        codec.structure(json.loads(json.dumps(data)), TYPES)
     except codec.DecodeError as exc:
         refused: str | None = exc.message
     else:
@@ -364,6 +369,9 @@ def valid_examples() -> dict[str, dict[str, Any]]:
         "transcript": {**base, "turnId": "t_1", "role": "agent", "text": "Hi"},
         "error": {**base, "code": "BAD_JSON", "message": "nope", "ref": 2},
         "closed": {**base, "reason": "overflow"},
+        "audio.start": {**base, "turnId": "t_1", "epoch": 2},
+        "audio.end": {**base, "turnId": "t_1", "sentMs": 1960},
+        "transcript": {**base, "turnId": "t_1", "role": "agent", "text": "Hello"},
     }  # fmt: skip
     assert examples.keys() == ALL_SCHEMAS.keys()
     return {name: {"type": name, **fields} for name, fields in examples.items()}
@@ -439,6 +447,7 @@ def _stream(**fields: Any) -> tuple[str, dict[str, Any]]:
 
 TOOL = {"name": "edit", "description": "", "parameters": {}}
 FAILURE = {"ok": False, "code": "FAILED"}
+PCM16 = {"format": "pcm16", "rate": 16000}
 HAND_CASES = [
     ("turn.started", {**VALID["turn.started"], "epoch": "0"}),  # wrong type
     ("turn.started", {**VALID["turn.started"], "epoch": True}),  # a bool is no integer
@@ -452,6 +461,12 @@ HAND_CASES = [
     ("turn.started", {**VALID["turn.started"], "extra": 1, "more": 2}),  # extra keys
     ("turn.started", {**VALID["turn.started"], "constructor": 1, "__proto__": 2}),
     ("welcome", {**VALID["welcome"], "capabilities": ["a", 3]}),
+    ("welcome", {**VALID["welcome"], "audio": {"input": PCM16}}),
+    ("welcome", {**VALID["welcome"], "audio": {"input": {**PCM16, "format": "opus"}}}),
+    ("welcome", {**VALID["welcome"], "audio": {"input": {**PCM16, "rate": 0}, "output": PCM16}}),
+    ("audio.end", {**VALID["audio.end"], "sentMs": 12.5}),
+    ("transcript", {**VALID["transcript"], "role": "system"}),
+    ("interrupt", {**VALID["interrupt"], "heardMs": -1}),
     ("tool.call", {**VALID["tool.call"], "callId": ""}),
     ("tool.abort", {**VALID["tool.abort"], "callId": "\U0001f600"}),  # one code point
     ("confirm.request", {**VALID["confirm.request"], "risk": "extreme"}),
@@ -760,3 +775,249 @@ def test_the_js_core_runs_without_a_socket_and_writes_what_python_writes() -> No
     ]
     assert got["hooks"] == [["welcomed", False], "queued", "queued", "queued", ["closed", "server"]]
     assert got["state"] == "closed"
+
+
+AUDIO_CORE = """
+import {{ Protocol, CAPABILITIES }} from {protocol};
+const [offer, frames] = {frames};
+const got = [];
+const speaker = {{
+  begin: (turnId, epoch, fresh) => got.push(["begin", turnId, epoch, fresh]),
+  play: (turnId, pcm, fresh) => got.push(["play", turnId, pcm.byteLength, fresh]),
+  end: (turnId, sentMs) => got.push(["end", turnId, sentMs]),
+  flush: (turnId, server) => got.push(["flush", turnId, server]),
+  interrupted: () => {{ got.push(["interrupted"]); return 480; }},
+}};
+const runner = {{ admit() {{}}, abort() {{}}, abortAll() {{}} }};
+const proto = new Protocol(
+  {{ tools: new Map(), capabilities: CAPABILITIES, audio: offer, maxMessageSize: 1 << 20,
+     replayLimit: 100, replayLimitBytes: 1 << 21 }},
+  {{
+    emit: (type, d) => got.push([type, d.code ?? d.turnId, d.message ?? d.text ?? null]),
+    queued() {{}}, welcomed() {{}}, refusal() {{}}, closed() {{}}, finish() {{}},
+    speaker: () => speaker,
+  }},
+  runner,
+);
+const written = [proto.hello()];
+for (const frame of frames) {{
+  if (frame === "interrupt") proto.interrupt();
+  else proto.receive(typeof frame === "number" ? new ArrayBuffer(frame) : frame);
+}}
+written.push(...proto.outbox);
+console.log(JSON.stringify({{ written, got, caps: proto.capabilities, audio: proto.audio }}));
+"""
+
+
+def audio_core(offer: bool, frames: list[str | int]) -> dict[str, Any]:
+    """vrt.js's protocol core driven by Node: ``frames`` from the server (an int: a binary
+    frame of that many bytes; "interrupt": the user's), what it wrote and what its speaker
+    and the app were told."""
+    assert NODE is not None, "node is needed (.ci/run installs it)"
+    script = AUDIO_CORE.format(
+        protocol=json.dumps((webtables.WEB / "protocol.js").as_uri()),
+        frames=json.dumps([offer, frames]),
+    )
+    done = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+FORMATS = {"input": PCM16, "output": {**PCM16, "rate": 24000}}
+
+
+def server_frame(type_: str, seq: int, **fields: Any) -> str:
+    return json.dumps({"type": type_, "seq": seq, **fields})
+
+
+def audio_welcome(**more: Any) -> str:
+    welcome = {k: v for k, v in VALID["welcome"].items() if k not in ("type", "seq", "audio")}
+    return server_frame("welcome", 1, **{**welcome, "capabilities": ["audio-v1"], **more})
+
+
+def test_the_js_core_gates_audio_by_epoch() -> None:
+    """audio-v1 in vrt.js's sans-IO core: offered with ``audio``; binary frames checked (a
+    whole number of samples, at most 100 ms, inside a span) and handed to the speaker
+    with the epoch gate's verdict (a span of the epoch the user interrupted, or of an
+    older one, is never played); the interrupt carries the speaker's heardMs; the agent's
+    words of the interrupted turn are dropped with its audio; the server's turn.ended
+    ``interrupted`` flushes it."""
+    started = server_frame("turn.started", 2, turnId="t1", epoch=0)
+    got = audio_core(True, [
+        audio_welcome(audio=FORMATS),
+        started,
+        server_frame("audio.start", 3, turnId="t1", epoch=0),
+        960,  # 20 ms at 24 kHz
+        4800,  # 100 ms: the most a frame holds
+        4802,
+        961,
+        "interrupt",
+        960,  # crossed the interrupt: of epoch 0, now stale
+        server_frame("audio.end", 4, turnId="t1", sentMs=260),
+        960,  # outside a span
+        server_frame("transcript", 5, turnId="t1", role="user", text="Stop"),
+        server_frame("transcript", 6, turnId="t1", role="agent", text="Hello"),  # not heard
+        server_frame("turn.ended", 7, turnId="t1", epoch=1, reason="interrupted"),
+        server_frame("audio.start", 8, turnId="t0", epoch=0),  # behind: dropped whole
+        960,
+        server_frame("audio.end", 9, turnId="t0", sentMs=20),
+        server_frame("turn.started", 10, turnId="t2", epoch=1),
+        server_frame("audio.start", 11, turnId="t2", epoch=1),
+        960,
+        server_frame("transcript", 12, turnId="t2", role="agent", text="Hi"),
+        server_frame("audio.end", 13, turnId="t2", sentMs=20),
+        server_frame("turn.ended", 14, turnId="t2", epoch=2, reason="interrupted"),
+    ])  # fmt: skip
+    assert "audio-v1" in json.loads(got["written"][0])["capabilities"]
+    assert got["caps"] == ["audio-v1"] and got["audio"] == FORMATS
+    assert json.loads(got["written"][1]) == {"type": "interrupt", "epoch": 1, "heardMs": 480,
+                                             "seq": 2}  # fmt: skip
+    assert [g for g in got["got"] if g[0] != "turn.started"] == [
+        ["begin", "t1", 0, True],
+        ["play", "t1", 960, True],
+        ["play", "t1", 4800, True],
+        ["error", "TOO_LARGE", "from the server: an audio frame of 4802 bytes is over 100 ms "
+                               "(4800 bytes at 24000 Hz)"],
+        ["error", "BAD_MESSAGE", "from the server: an audio frame of 961 bytes: PCM16 takes a "
+                                 "whole number of 2-byte samples"],
+        ["interrupted"],
+        ["play", "t1", 960, False],
+        ["end", "t1", 260],
+        ["error", "BAD_MESSAGE", "from the server: an audio frame outside an "
+                                 "audio.start/audio.end span"],
+        ["transcript", "t1", "Stop"],
+        ["flush", "t1", True],  # (audio.js: t1 was cut by the user's interrupt already)
+        ["turn.ended", "t1", None],
+        ["begin", "t0", 0, False],
+        ["play", "t0", 960, False],
+        ["end", "t0", 20],
+        ["begin", "t2", 1, True],
+        ["play", "t2", 960, True],
+        ["transcript", "t2", "Hi"],
+        ["end", "t2", 20],
+        ["flush", "t2", True],  # the server's interrupt
+        ["turn.ended", "t2", None],
+    ]  # fmt: skip
+
+
+def test_without_audio_v1_the_js_core_refuses_audio_as_the_python_client() -> None:
+    """Not offered, or granted without its rates: binary frames are BAD_MESSAGE and the
+    audio messages unknown types, in the Python client's words; the interrupt has no
+    heardMs."""
+    frames = [
+        server_frame("audio.start", 2, turnId="t1", epoch=0),
+        960,
+        server_frame("transcript", 3, turnId="t1", role="user", text="hi"),
+    ]
+    python = ClientProtocol([])
+    python.hello()
+    expected = []
+    for frame in [audio_welcome(audio=FORMATS), *frames]:
+        for item in python.receive(frame if frame != 960 else bytes(960)):
+            if isinstance(item, m.Error):
+                expected.append(["error", item.code, item.message])
+    assert len(expected) == 3
+    for offer, welcome in [(False, audio_welcome(audio=FORMATS)), (True, audio_welcome())]:
+        got = audio_core(offer, [welcome, *frames, "interrupt"])
+        assert got["caps"] == [] and got["audio"] is None
+        errors = [g for g in got["got"] if g[0] == "error"]
+        if offer:  # granted without its rates: not granted
+            rates = "from the server: audio-v1 without the audio rates"
+            assert errors.pop(0) == ["error", "BAD_MESSAGE", rates]
+        assert errors == expected
+        assert json.loads(got["written"][-1]) == {"type": "interrupt", "epoch": 1, "seq": 2}
+
+
+WORKLETS = """
+globalThis.sampleRate = 48000;
+globalThis.currentTime = 0;
+const registered = {{}};
+globalThis.AudioWorkletProcessor = class {{
+  constructor() {{ this.port = {{ posted: [], postMessage(m) {{ this.posted.push(m); }} }}; }}
+}};
+globalThis.registerProcessor = (name, cls) => {{ registered[name] = cls; }};
+await import({worklet});
+const pcm = (n, value) => {{
+  const view = new DataView(new ArrayBuffer(n * 2));
+  for (let i = 0; i < n; i++) view.setInt16(i * 2, value, true);
+  return view.buffer;
+}};
+const round = (xs) => Array.from(xs, (x) => Math.round(x * 1e4) / 1e4);
+const out = {{}};
+
+// the speaker: 24 kHz chunks played at 48 kHz, flushed, a new turn after the flush
+const p = new registered["vrt-playback"]({{ processorOptions: {{ rate: 24000, limit: 24000 }} }});
+const send = (data) => p.port.onmessage({{ data }});
+const quantum = () => {{
+  const channel = new Float32Array(128);
+  p.process([], [[channel]]);
+  currentTime += 128 / sampleRate;
+  return channel;
+}};
+send({{ type: "pcm", turn: "a", pcm: pcm(480, 16384) }});  // 20 ms of 0.5
+send({{ type: "pcm", turn: "a", pcm: pcm(4800, 16384) }});  // 100 ms more
+const first = quantum();
+out.first = [first[0], first[127]];
+quantum();
+send({{ type: "flush" }});
+send({{ type: "pcm", turn: "b", pcm: pcm(480, -8192) }});  // after the flush: played
+const flushedAt = currentTime;
+const cut = quantum();
+out.cut = round([cut[0], cut[1], cut[63], cut[64], cut[127]]);
+out.flushed = p.port.posted.at(-1);
+out.flushedAt = flushedAt;
+let rest = 0;
+for (let q = 0; q < 10; q++) rest += quantum().filter((x) => x !== 0).length;
+out.rest = rest;
+send({{ type: "pcm", turn: "c", pcm: pcm(24001, 1) }});  // over the limit: refused
+send({{ type: "stats", id: 7 }});
+out.stats = p.port.posted.at(-1);
+
+// the microphone: 48 kHz in, 16 kHz PCM16 frames of 320 samples out
+const c = new registered["vrt-capture"]({{ processorOptions: {{ rate: 16000, frame: 320 }} }});
+const block = new Float32Array(128).fill(0.5);
+for (let b = 0; b < 30; b++) c.process([[block]]);
+const sample = (pcm) => new DataView(pcm).getInt16(0, true);
+out.frames = c.port.posted.map(({{ pcm, level }}) => [pcm.byteLength, sample(pcm), level]);
+c.process([[]]);  // no input connected: nothing
+c.port.onmessage({{ data: "stop" }});
+out.stopped = c.process([[block]]);
+console.log(JSON.stringify(out));
+"""
+
+
+def test_the_audio_worklets_flush_within_a_quantum_and_resample() -> None:
+    """audio-worklet.js's processors, run by Node in a stand-in AudioWorkletGlobalScope:
+    the speaker plays 24 kHz at 48 kHz; a flush fades out over 64 frames of the next render
+    quantum and drops what was queued before it (not what came after it: a new turn plays
+    on), and reports where it is; a flood over its bound is refused. The microphone sends
+    frames of exactly 320 samples at 16 kHz from 48 kHz input, with their level."""
+    assert NODE is not None, "node is needed (.ci/run installs it)"
+    script = WORKLETS.format(worklet=json.dumps((webtables.WEB / "audio-worklet.js").as_uri()))
+    done = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+    assert got["first"] == [0.5, 0.5]
+    # the fade: full at the flush, 1/64 of it on frame 63; then turn b, after the flush
+    assert got["cut"] == [0.5, round(0.5 * 63 / 64, 4), round(0.5 / 64, 4), -0.25, -0.25]
+    flushed = got["flushed"]
+    assert flushed["type"] == "report" and flushed["flushTime"] == got["flushedAt"]
+    assert flushed["played"] == {"a": 2 * 128 + 64, "b": 64}
+    assert flushed["head"] == "b" and flushed["queued"] == 480 - 32
+    assert got["rest"] == 960 - 64  # b's 20 ms, then silence
+    stats = got["stats"]
+    assert stats["id"] == 7 and stats["dropped"] == 24001 and stats["queued"] == 0
+    assert stats["played"] == {"a": 320, "b": 960} and stats["lastSound"] is not None
+    assert got["frames"] == [[640, 16383, 0.5]] * 4  # 30 blocks of 128: 1280 samples at 16 kHz
+    assert got["stopped"] is False

@@ -7,7 +7,9 @@ import {
   REPLAY_LIMIT_BYTES,
   VrtError,
   type AppTool,
+  type AudioStats,
   type Capability,
+  type ClientAudio,
   type ClosedReason,
   type ToolStreamDetail,
 } from "../../vrt/web/vrt.js";
@@ -61,7 +63,32 @@ export async function main(url: string): Promise<void> {
   }
   client.interrupt();
   const epoch: number = client.epoch;
+  await talk(url);
   const legacy: readonly string[] = LEGACY;
   console.log(epoch, legacy, client.capabilities, client.closed);
   await client.close();
+}
+
+/** A voice session: the page's microphone to the model, the model's voice to the page. */
+export async function talk(url: string): Promise<number> {
+  const client = await connect(url, { audio: true, resume: false });
+  client.addEventListener("transcript", (e) => console.log(e.detail.role, e.detail.text, e.detail.turnId));
+  const audio: ClientAudio | null = client.audio;
+  if (audio === null) return 0; // the server's model neither hears nor speaks
+  const rates: number[] = [audio.input.rate, audio.output.rate];
+  await audio.start();
+  const meter = setInterval(() => console.log(audio.level.toFixed(2), audio.heardMs), 100);
+  client.interrupt(); // silent at once; the interrupt says how much was heard
+  const stats: AudioStats = await audio.stats();
+  const turn = stats.turns["t_1"];
+  const late = stats.lastSoundTime !== null && stats.flushTime !== null && stats.lastSoundTime > stats.flushTime;
+  console.log(rates, turn?.playedMs, turn?.sentMs ?? "sending", late, stats.microphone.frames);
+  clearInterval(meter);
+  audio.stop();
+  const mine = new AudioContext();
+  const other = await connect(url, { audio: { context: mine } });
+  console.log(other.audio?.context === mine, other.audio?.microphone === null);
+  await other.close();
+  await client.close();
+  return stats.sampleRate;
 }

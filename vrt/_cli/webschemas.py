@@ -50,8 +50,8 @@ _QUANTIFIER = re.compile(r"\{\d+(,\d*)?\}")
 
 def server_schemas() -> dict[str, Any]:
     """Every server-to-client message type and its schema, as ``vrt/_wire/schemas/`` has
-    it."""
-    return {cls.TYPE: codec.schema_of(cls.TYPE) for cls in m.SERVER_TYPES}
+    it (``audio-v1``'s too: vrt.js speaks it)."""
+    return {cls.TYPE: codec.schema_of(cls.TYPE) for cls in (*m.SERVER_TYPES)}
 
 
 def _strip(schema: Any) -> Any:

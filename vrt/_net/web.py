@@ -4,10 +4,11 @@ A connection's request head is read here first (h11, bounded in bytes; the calle
 handshake deadline bounds it in time). A WebSocket upgrade is handed back, bytes
 untouched, to trio-websocket, where ``allowed_origins`` and ``authenticate`` check it
 exactly as before. Any other request is answered here and the connection closed:
-``GET``/``HEAD`` of ``/vrt.js``, the modules it imports (``/machines.js`` and the rest of
-:data:`WEB_FILES`) or ``/vrt.d.ts`` (the files of ``vrt/web``, with an ETag and ``304`` for
-a matching ``If-None-Match``, importable from any origin), ``404`` for any other path (no
-listing, no other file), ``405`` for another method.
+``GET``/``HEAD`` of ``/vrt.js``, the modules it imports or loads (``/machines.js``, the
+audio worklet and the rest of :data:`WEB_FILES`) or ``/vrt.d.ts`` (the files of
+``vrt/web``, with an ETag and ``304`` for a matching ``If-None-Match``, importable from any
+origin), ``404`` for any other path (no listing, no other file), ``405`` for another
+method.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ WEB_FILES = {
     "/views.js": ("views.js", "text/javascript; charset=utf-8"),
     "/runner.js": ("runner.js", "text/javascript; charset=utf-8"),
     "/codec.js": ("codec.js", "text/javascript; charset=utf-8"),
+    "/audio.js": ("audio.js", "text/javascript; charset=utf-8"),
+    # audio.js's AudioWorklet processors (audio-v1), which it loads by URL beside itself
+    "/audio-worklet.js": ("audio-worklet.js", "text/javascript; charset=utf-8"),
 }
 """Every path the front serves: the file in ``vrt/web`` and its content type."""
 

@@ -16,8 +16,15 @@
 //
 // Each frame is checked as the Python client checks it (codec.js): a frame or message
 // that fails is an `error` event with the Python client's code and message, and dropped.
+//
+// With audio-v1 (PROTOCOL.md, "Audio") a binary frame is the agent's voice: the core
+// checks it (a whole number of PCM16 samples, at most 100 ms, inside an audio.start /
+// audio.end span) and applies the epoch gate (a span whose epoch is behind the client's is
+// dropped, every frame of it, never played); the host's speaker (audio.js) only plays what
+// it is handed, and is told to stop on an interrupt: the user's, or the server's
+// turn.ended `interrupted`.
 
-import { CONNECTION, Machine } from "./machines.js";
+import { CONNECTION, Machine, pyRepr } from "./machines.js";
 import { Broken, VrtError, encode, parse, structure } from "./codec.js";
 import { CallViews } from "./views.js";
 
@@ -33,17 +40,30 @@ export const CAPABILITIES = Object.freeze([
 /** The wire of one object a frame, previews on the wire. */
 export const LEGACY = Object.freeze(["tool-stream-v1"]);
 const HANDOVER_V1 = "handover-v1";
+/** Binary frames of PCM16 audio both ways (PROTOCOL.md, "Audio"): offered with `audio`. */
+export const AUDIO_V1 = "audio-v1";
+/** The server's messages of audio-v1: an unknown type without it (as to the Python client). */
+const AUDIO_TYPES = new Set(["audio.start", "audio.end", "transcript"]);
+/** The longest audio frame, in ms of its rate (PROTOCOL.md). */
+const AUDIO_FRAME_MS = 100;
 /** The most entries of a resume hello's `open` (vrt/_wire/messages.py's OPEN_LIMIT). */
 const OPEN_LIMIT = 256;
 const ENDED_KEPT = 100; // turns whose turn.ended the app saw (a second one is dropped)
 const BATCH_MESSAGES = 100;
 /** One client's protocol state, driven by vrt.js's Client (see the module's comment).
- * `options`: the app tools (name -> tool), the capabilities offered and the client's
- * limits; `host`: the client's hooks; `runner`: the app-tool runner (runner.js). */
+ * `options`: the app tools (name -> tool), the capabilities offered (audio-v1 among them
+ * if `audio`) and the client's limits; `host`: the client's hooks (with audio-v1, its
+ * `speaker()`: the session's audio.js object, or null while there is none); `runner`: the
+ * app-tool runner (runner.js). */
 export class Protocol {
-  constructor({ tools, capabilities, maxMessageSize, replayLimit, replayLimitBytes }, host, runner) {
+  constructor(
+    { tools, capabilities, audio = false, maxMessageSize, replayLimit, replayLimitBytes },
+    host,
+    runner,
+  ) {
     this.tools = tools;
     this.offered = [...capabilities];
+    if (audio && !this.offered.includes(AUDIO_V1)) this.offered.push(AUDIO_V1);
     this.maxMessageSize = maxMessageSize;
     this.replayLimit = replayLimit;
     this.replayLimitBytes = replayLimitBytes;
@@ -63,8 +83,11 @@ export class Protocol {
     this.outbox = [];
     this.views = new CallViews((type, detail) => host.emit(type, detail));
     this.openTurn = null; // the turn the app saw start and not end (handover-v1)
+    this.lastTurn = null; // {turnId, epoch} of the last turn.started
     this.ended = new Set(); // turns whose turn.ended the app saw (the newest ENDED_KEPT)
     this.batching = false;
+    this.audio = null; // with audio-v1: the welcome's `audio` (the rates)
+    this.span = null; // {turnId, epoch} from an audio.start to its audio.end
   }
 
   // -- the client's actions ---------------------------------------------------------------------
@@ -122,12 +145,18 @@ export class Protocol {
   }
 
   /** The user interrupted: epoch + 1, every open call "cancelled" locally at once, the
-   * runner's calls aborted; then the server is told. */
+   * runner's calls aborted, the speaker silenced; then the server is told (with audio-v1,
+   * how much of the open turn's audio was played: `heardMs`). */
   interrupt() {
     this.epoch += 1;
     this.views.cancelAll();
     this.runner.abortAll("interrupted");
-    this.send({ type: "interrupt", epoch: this.epoch });
+    if (this.audio === null) {
+      this.send({ type: "interrupt", epoch: this.epoch });
+      return;
+    }
+    const heardMs = this._speaker()?.interrupted() ?? 0;
+    this.send({ type: "interrupt", epoch: this.epoch, heardMs });
   }
 
   /** The session ended (the client's closed is set): the Connection machine closed, the
@@ -218,6 +247,10 @@ export class Protocol {
 
   /** One frame from the server, within maxMessageSize (vrt/_wire/client.py's receive()). */
   receive(data) {
+    if (typeof data !== "string" && this.audio !== null) {
+      this._sound(data);
+      return;
+    }
     let value;
     try {
       if (typeof data !== "string") {
@@ -248,9 +281,40 @@ export class Protocol {
     this.host.emit("error", { code: error.code, message: `from the server: ${error.message}` });
   }
 
+  /** The session's speaker (audio.js), if audio-v1 is on and the client made it. */
+  _speaker() {
+    return this.audio === null ? null : this.host.speaker();
+  }
+
+  /** A binary frame with audio-v1: the agent's voice, checked, through the epoch gate. */
+  _sound(data) {
+    const bytes = data.byteLength;
+    const rate = this.audio.output.rate;
+    const limit = 2 * Math.max(1, Math.floor((rate * AUDIO_FRAME_MS) / 1000));
+    let why = null;
+    if (bytes % 2 !== 0) {
+      const what = "PCM16 takes a whole number of 2-byte samples";
+      why = new Broken("BAD_MESSAGE", `an audio frame of ${bytes} bytes: ${what}`);
+    } else if (bytes > limit) {
+      const what = `over ${AUDIO_FRAME_MS} ms (${limit} bytes at ${rate} Hz)`;
+      why = new Broken("TOO_LARGE", `an audio frame of ${bytes} bytes is ${what}`);
+    } else if (this.span === null) {
+      why = new Broken("BAD_MESSAGE", "an audio frame outside an audio.start/audio.end span");
+    }
+    if (why !== null) {
+      this._broken(why);
+      return;
+    }
+    const { turnId, epoch } = this.span;
+    this._speaker()?.play(turnId, data, epoch >= this.epoch); // the epoch gate
+  }
+
   _message(data, what) {
     let msg;
     try {
+      if (this.audio === null && AUDIO_TYPES.has(data?.type)) {
+        throw new Broken("UNKNOWN_TYPE", `unknown message type ${pyRepr(data.type)}`);
+      }
       msg = structure(data, what);
     } catch (error) {
       this._broken(error);
@@ -300,6 +364,14 @@ export class Protocol {
     this.resumeToken = msg.resumeToken;
     this.epoch = Math.max(this.epoch, msg.epoch);
     this.capabilities = msg.capabilities.filter((c) => this.offered.includes(c));
+    if (this.capabilities.includes(AUDIO_V1)) {
+      if (msg.audio === undefined) {
+        this.capabilities = this.capabilities.filter((c) => c !== AUDIO_V1);
+        this._broken(new Broken("BAD_MESSAGE", "audio-v1 without the audio rates"));
+      } else {
+        this.audio = msg.audio;
+      }
+    }
     this.batching = this.capabilities.includes("batch-v1");
     this.views.local =
       this.capabilities.includes("local-preview-v1") && this.capabilities.includes("tool-stream-v1");
@@ -310,13 +382,16 @@ export class Protocol {
   _onTurnStarted(msg) {
     this.epoch = Math.max(this.epoch, msg.epoch);
     this.openTurn = msg.turnId;
+    this.lastTurn = { turnId: msg.turnId, epoch: msg.epoch };
     this.host.emit("turn.started", { turnId: msg.turnId, epoch: msg.epoch });
   }
 
   _onTurnEnded(msg) {
     this.epoch = Math.max(this.epoch, msg.epoch);
+    if (this.span?.turnId === msg.turnId) this.span = null; // (its audio.end lost with a node)
     const ended = this.ended;
     if (ended.has(msg.turnId)) return; // ended already (an adopting server ends what it cannot know ended)
+    if (msg.reason === "interrupted") this._speaker()?.flush(msg.turnId, true);
     ended.add(msg.turnId);
     if (ended.size > ENDED_KEPT) ended.delete(ended.values().next().value);
     if (this.openTurn === msg.turnId) this.openTurn = null;
@@ -325,6 +400,25 @@ export class Protocol {
 
   _onTextDelta(msg) {
     this.host.emit("text.delta", { turnId: msg.turnId, text: msg.text });
+  }
+
+  _onAudioStart(msg) {
+    this.span = { turnId: msg.turnId, epoch: msg.epoch };
+    this._speaker()?.begin(msg.turnId, msg.epoch, msg.epoch >= this.epoch); // the epoch gate
+  }
+
+  _onAudioEnd(msg) {
+    if (this.span?.turnId === msg.turnId) this.span = null;
+    this._speaker()?.end(msg.turnId, msg.sentMs);
+  }
+
+  _onTranscript(msg) {
+    const turn = this.lastTurn;
+    if (msg.role === "agent" && msg.turnId === turn?.turnId && turn.epoch < this.epoch) {
+      return; // the words of audio the epoch gate drops: the user never heard them
+    }
+    const { seq, type, ...transcript } = msg;
+    this.host.emit("transcript", transcript);
   }
 
   _onToolStream(msg) {
@@ -372,6 +466,9 @@ const HANDLERS = {
   welcome: Protocol.prototype._onWelcome,
   "turn.started": Protocol.prototype._onTurnStarted,
   "turn.ended": Protocol.prototype._onTurnEnded,
+  "audio.start": Protocol.prototype._onAudioStart,
+  "audio.end": Protocol.prototype._onAudioEnd,
+  transcript: Protocol.prototype._onTranscript,
   "text.delta": Protocol.prototype._onTextDelta,
   "tool.stream": Protocol.prototype._onToolStream,
   "tool.preview": Protocol.prototype._onToolPreview,
