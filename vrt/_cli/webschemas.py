@@ -51,7 +51,7 @@ _QUANTIFIER = re.compile(r"\{\d+(,\d*)?\}")
 def server_schemas() -> dict[str, Any]:
     """Every server-to-client message type and its schema, as ``vrt/_wire/schemas/`` has
     it (``audio-v1``'s too: vrt.js speaks it)."""
-    return {cls.TYPE: codec.schema_of(cls.TYPE) for cls in (*m.SERVER_TYPES)}
+    return {cls.TYPE: codec.schema_of(cls.TYPE) for cls in m.SERVER_TYPES}
 
 
 def _strip(schema: Any) -> Any:
