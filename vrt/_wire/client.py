@@ -356,6 +356,10 @@ class ClientProtocol(Endpoint):
             if not isinstance(data, dict):
                 raise codec.DecodeError(m.BAD_MESSAGE, f"{what} must be a JSON object")
             message = codec.structure(data, m.SERVER_TYPES)
+            if self.audio is None and isinstance(message, _AUDIO_MESSAGES):
+                # audio-v1 not negotiated: these are not messages of this session's protocol
+                shown = message.TYPE
+                raise codec.DecodeError(m.UNKNOWN_TYPE, f"unknown message type {shown!r}")
         except codec.DecodeError as exc:
             return [_broken(exc)]
         if isinstance(message, m.Ack):
@@ -590,6 +594,10 @@ class ClientProtocol(Endpoint):
         answers[msg.call_id] = wire
         if len(answers) > ANSWERS_KEPT:
             del answers[next(iter(answers))]
+
+
+_AUDIO_MESSAGES = (m.AudioStart, m.AudioEnd, m.TranscriptMessage)
+"""The messages of ``audio-v1``: unknown types in a session without it (as vrt.js says)."""
 
 
 def _broken(exc: codec.DecodeError) -> m.Error:

@@ -83,9 +83,7 @@ for _cls in dict.fromkeys(_RECORDS):
     )
 
 
-_BY_TYPE: dict[str, type[Any]] = {
-    cls.TYPE: cls for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)
-}
+_BY_TYPE: dict[str, type[Any]] = {cls.TYPE: cls for cls in (*m.CLIENT_TYPES, *m.SERVER_TYPES)}
 
 
 # The error messages are jsonschema's, but a frame of 1 MiB may hold 250,000 items: jsonschema
