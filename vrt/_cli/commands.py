@@ -186,9 +186,12 @@ def _parser() -> argparse.ArgumentParser:
         "drops and resumes, user and server interrupts, a session handed over to another "
         "process at a turn boundary and one adopted after its process crashed) breadth "
         "first over every "
-        "interleaving within the bounds, and print states, transitions, seconds and "
-        "violations, each with a short trace. --break breaks one rule on purpose, to see "
-        "the checker find it. Exits 1 on any violation or machine problem.",
+        "interleaving within the bounds, then the realtime model (a session's connection to "
+        "a realtime voice model: its responses as turns, calls completed or cut, speech-starts "
+        "and the app's interrupts, late and duplicate events, a lost connection), and print "
+        "states, transitions, seconds and violations of each, with a short trace. --break "
+        "breaks one rule of a model on purpose, to see the checker find it. Exits 1 on any "
+        "violation or machine problem.",
     )
     vrt_check.add_arguments(check)
     check.set_defaults(handler=_check)

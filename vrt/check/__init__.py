@@ -156,6 +156,69 @@ partial-order reduction that keeps every reachable violation and every state at 
 The tests check the reduction at small bounds: reduced and full explorations find the same
 violations and the same states at rest. Breadth first, a violation's path is a shortest one
 in the reduced graph; it is then shortened by dropping every step it does not need.
+
+**The realtime model** (:func:`explore_realtime`, ``vrt/check/_realtime.py``): one session
+with a realtime voice model (``vrt/_engine/realtime.py``), up to ``calls`` tool calls and
+``responses`` responses with content, explored breadth first over every interleaving with a
+visited set, without the reduction. Its transition relation is the Upstream machine
+(``machines/upstream.py``), a Turn per turn and a ToolCall per call, through their compiled
+tables, and the driver's rules as ``vrt/_engine/realtime.py`` implements them (a change to
+the Upstream class changes the model: ``explore_realtime(upstream=...)``); and a model of
+the realtime model's server, permissive (any event it may send, in any order) but truthful
+(which response it has open, which call it completed or cut, which response was cancelled
+or is unwanted), so the invariants judge the driver by what happened, not by what it
+believed:
+
+- *The model*: it starts a response, the one asked for (each ``response.create`` it did
+  not refuse: a create while it has a response active is refused) or its own (its voice
+  detector heard the user: the driver opens a turn, interrupting the open one by the
+  model, nothing sent), announced by ``response.created`` or not (the driver then takes
+  its first event, or its ``done``, as its start); in its open response it starts calls,
+  completes their arguments (CallEnd) and sends audio; ``done`` cuts the calls it did not
+  complete (no CallEnd). It may go on with a response it was told to cancel until its
+  ``done`` (what it sent before it read the cancel, in flight), but not with one its own
+  voice detector stopped. Late and duplicate events at any moment: a call's start or end
+  again, the end of a cut call, a call first started after its response's done
+  (``late`` of them), a done or audio of an ended response.
+- *The user and the app*: a speech-start at any moment (barge-in from the model: the open
+  turn interrupted by the model, the Upstream ``speech``); ``session.interrupt()`` at any
+  moment (barge-in from the app: ``response.cancel`` only from ``responding``, a requested
+  response made ``unwanted``, then cancelled when it starts); ``texts`` turns the app
+  opens with a text when no turn is open (``start_turn`` with one open is the app's
+  interrupt first, which the model has at any moment).
+- *The turns and the driver*: a turn's task takes its step's events from its channel one
+  at a time (a CallStart makes a ToolCall, a CallEnd issues it, the end of the response
+  ends the step: incomplete calls fail), and nothing once interrupted; a model's own turn
+  takes them once the turn it cut has ended. A step that asks for a response waits until
+  the Upstream allows ``create``; woken by any move, it checks again without a checkpoint,
+  so an interrupt that lands between the wake and its run does not stop it. A tool starts,
+  then returns. A step with calls waits for them, then sends their answers with a request
+  for the next response; a turn's end answers, with no request, its calls the model
+  completed and nobody answered. The connection drops (``drops`` times) and comes back
+  (``reconnect``, ``ready``): the step waiting on it fails, and what the model completed
+  in the lost session is owed nothing more (the next is seeded with the history).
+
+Abstracted away: message contents, arguments and results but for what the invariants read
+(whether a tool ran; settled, INTERRUPTED and FAILED look alike), the hook (every call is
+allowed), app tools (server tools only), argument deltas, text and transcripts, audio's
+timing and ``conversation.item.truncate``, the seed's contents, the history's order, time
+(the step's own timeout, ``max_steps``, the backoff; a request waiting for the Upstream may
+time out whenever it waits), model errors (a failed response, an ``error`` event), the
+session's close, and Gemini (its protocol neither cancels nor asks: ``forget``,
+``toolCallCancellation``, answers held for ``turnComplete``): the model speaks OpenAI's.
+
+**Realtime invariants** (:data:`REALTIME_INVARIANTS`): a ``response.create`` only while the
+Upstream is idle and never for a turn after its interrupt; a ``response.cancel`` only for a
+response the model still has open; a call gets at most one answer upstream, none unless the
+model completed it (none for a call cut mid-arguments), and none claiming success for a call
+that did not run; at rest, every call the model completed has its answer; no call runs
+unless the model completed it in time (none of a response already ended, unwanted or
+cancelled); a turn ends only when all its calls are final; no machine refuses a move the
+driver makes unconditionally; at rest (nothing left but the model's, the user's and the
+app's own moves and connection loss) every turn has ended and the Upstream is idle.
+:data:`REALTIME_BREAKABLE` breaks one of the driver's rules on purpose: a request at the end
+of an interrupted turn, a cut call run at its item's done (LiveKit's bug), late events not
+dropped, a cancelled call answered twice.
 """
 
 from __future__ import annotations
@@ -168,19 +231,25 @@ from typing import TextIO
 
 import attrs
 
-from vrt._core.tables import MOVEMENT, TABLES, Table
+from vrt._core.tables import MOVEMENT, TABLES, UPSTREAM, Table
 from vrt.check._machines import check_machines, count_pairs
 from vrt.check._model import Model
+from vrt.check._realtime import REALTIME_BREAKABLE, REALTIME_INVARIANTS, RealtimeModel
 from vrt.check._search import search, shorten
 from vrt.check._state import BREAKABLE, INVARIANTS
 
 __all__ = [
     "BREAKABLE",
     "INVARIANTS",
+    "REALTIME_BREAKABLE",
+    "REALTIME_INVARIANTS",
+    "RealtimeReport",
     "Report",
     "Violation",
     "check_machines",
     "explore",
+    "explore_realtime",
+    "format_realtime_report",
     "format_report",
     "main",
 ]
@@ -191,16 +260,19 @@ class Violation:
     """An invariant the model broke, with a short event sequence that breaks it."""
 
     invariant: str
-    """A key of :data:`INVARIANTS`."""
+    """A key of :data:`INVARIANTS` (of :data:`REALTIME_INVARIANTS` if ``realtime``)."""
     detail: str
     """What went wrong."""
     trace: tuple[str, ...]
     """The steps from the initial state; the last one breaks the invariant, or leads to a
     state at rest that breaks it."""
+    realtime: bool = False
+    """Whether the realtime model found it (:func:`explore_realtime`)."""
 
     def format(self) -> str:
         """The violation as readable text, one step a line."""
-        lines = [f"violation [{self.invariant}] {INVARIANTS[self.invariant]}", f"  {self.detail}"]
+        described = (REALTIME_INVARIANTS if self.realtime else INVARIANTS)[self.invariant]
+        lines = [f"violation [{self.invariant}] {described}", f"  {self.detail}"]
         lines += [f"  {n:2}. {step}" for n, step in enumerate(self.trace, 1)]
         return "\n".join(lines)
 
@@ -332,6 +404,97 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
+@attrs.frozen(kw_only=True)
+class RealtimeReport:
+    """What one exploration of the realtime model did and found."""
+
+    calls: int
+    responses: int
+    late: int
+    drops: int
+    texts: int
+    broken: str | None
+    states: int
+    """Distinct states reached."""
+    transitions: int
+    """Transitions taken, including those to states already seen."""
+    seconds: float
+    complete: bool
+    """Whether every reachable state was explored (False: stopped at the first violation)."""
+    violations: tuple[Violation, ...]
+    """The first violation found of each invariant, shortest trace first."""
+
+    @property
+    def ok(self) -> bool:
+        """No violation was found."""
+        return not self.violations
+
+
+def explore_realtime(
+    calls: int = 2,
+    responses: int = 2,
+    *,
+    late: int = 1,
+    drops: int = 1,
+    texts: int = 0,
+    broken: str | None = None,
+    stop_at_first: bool = False,
+    upstream: Table = UPSTREAM,
+) -> RealtimeReport:
+    """Explore the realtime model breadth first over every interleaving within the bounds.
+
+    ``calls`` tool calls (server tools), ``responses`` responses of the model with
+    content (its own or asked for; past them, a response asked for is empty), ``late``
+    calls the model first sends after their response's done (other late and duplicate
+    events are unbounded), ``drops`` lost connections, ``texts`` turns the app opens with
+    a text (``start_turn``). ``broken`` breaks one rule of :data:`REALTIME_BREAKABLE` on
+    purpose. ``stop_at_first`` stops at the first violation. ``upstream`` is the Upstream
+    machine composed (the table of ``machines/upstream.py`` by default; a table of
+    another class to see what the model makes of it).
+    """
+    started = time.perf_counter()
+    model = RealtimeModel(
+        calls, responses, late=late, drops=drops, texts=texts, broken=broken, upstream=upstream
+    )
+    outcome = search(model, reduce=False, stop_at_first=stop_at_first)
+    found = []
+    for hit in outcome.found:
+        trace, detail = shorten(model, hit, False)
+        found.append(Violation(invariant=hit.invariant, detail=detail, trace=trace, realtime=True))
+    return RealtimeReport(
+        calls=calls,
+        responses=responses,
+        late=late,
+        drops=drops,
+        texts=texts,
+        broken=broken,
+        states=outcome.states,
+        transitions=outcome.transitions,
+        seconds=time.perf_counter() - started,
+        complete=outcome.complete,
+        violations=tuple(sorted(found, key=lambda v: len(v.trace))),
+    )
+
+
+def format_realtime_report(report: RealtimeReport) -> str:
+    """The realtime model's figures and violations, as ``vrt check`` prints them."""
+    bounds = (
+        f"calls={report.calls} responses={report.responses} late={report.late} "
+        f"drops={report.drops} texts={report.texts}"
+    )
+    if report.broken:
+        bounds += f"; broken on purpose: {report.broken}"
+    lines = [
+        f"realtime model: {bounds}",
+        f"  states {report.states}",
+        f"  transitions {report.transitions}",
+        f"  seconds {report.seconds:.1f}",
+        f"  violations {len(report.violations)}" + ("" if report.complete else " (stopped)"),
+    ]
+    lines += [v.format() for v in report.violations]
+    return "\n".join(lines)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``vrt check`` to ``parser``."""
     parser.add_argument("--calls", type=int, default=3, help="tool calls (default: %(default)s)")
@@ -363,10 +526,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also stream one arguments-delta and one progress per call (slower)",
     )
     parser.add_argument(
+        "--realtime-calls",
+        type=int,
+        default=2,
+        help="the realtime model's tool calls (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--realtime-responses",
+        type=int,
+        default=2,
+        help="the realtime model's responses with content (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--realtime-late",
+        type=int,
+        default=1,
+        help="calls the realtime model first sends after their response's done "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--realtime-drops",
+        type=int,
+        default=1,
+        help="lost connections to the realtime model (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--realtime-texts",
+        type=int,
+        default=0,
+        help="turns the app opens with a text in the realtime model (default: %(default)s; "
+        "1 takes some seconds more)",
+    )
+    parser.add_argument(
         "--break",
         dest="broken",
-        choices=list(BREAKABLE),
-        help="break one rule of the model on purpose, to see the checker find it",
+        choices=[*BREAKABLE, *REALTIME_BREAKABLE],
+        help="break one rule of a model on purpose, to see the checker find it (only that "
+        "model runs)",
     )
 
 
@@ -383,17 +579,31 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     print(f"machines: {len(TABLES)}, {count_pairs()} (state, event) pairs: {verdict}", file=out)
     for problem in problems:
         print(f"  {problem}", file=out)
-    report = explore(
-        args.calls,
-        args.interrupts,
-        args.drops,
-        handovers=args.handovers,
-        crashes=args.crashes,
-        phases=args.phases,
-        broken=args.broken,
-    )
-    print(format_report(report), file=out, flush=True)
-    return 1 if problems or report.violations else 0
+    failed = bool(problems)
+    if args.broken not in REALTIME_BREAKABLE:
+        report = explore(
+            args.calls,
+            args.interrupts,
+            args.drops,
+            handovers=args.handovers,
+            crashes=args.crashes,
+            phases=args.phases,
+            broken=args.broken,
+        )
+        print(format_report(report), file=out, flush=True)
+        failed = failed or not report.ok
+    if args.broken is None or args.broken in REALTIME_BREAKABLE:
+        realtime = explore_realtime(
+            args.realtime_calls,
+            args.realtime_responses,
+            late=args.realtime_late,
+            drops=args.realtime_drops,
+            texts=args.realtime_texts,
+            broken=args.broken,
+        )
+        print(format_realtime_report(realtime), file=out, flush=True)
+        failed = failed or not realtime.ok
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:

@@ -12,11 +12,54 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 
-from vrt.check._model import Model
 from vrt.check._state import CLIENT, SERVER, Action, Broken, State
+
+
+class Model(Protocol):
+    """What the search needs of a model (:class:`vrt.check._model.Model`, the turn's, and
+    :class:`vrt.check._realtime.RealtimeModel`): its actions, its initial state, the
+    reduction's predicates (never read when ``reduce`` is off), and the check at rest."""
+
+    @property
+    def actions(self) -> Sequence[Action]:
+        """Every named action, in a fixed order."""
+        ...
+
+    def initial(self) -> State:
+        """The state the exploration starts from."""
+        ...
+
+    def canonical(self, s: State) -> State:
+        """``s`` with the fields no action reads again reset."""
+        ...
+
+    def subsume(self, s: State) -> State:
+        """The state that stands for ``s`` under the reduction."""
+        ...
+
+    def down(self, s: State) -> bool:
+        """Whether only the actions that may happen while the connection is down count."""
+        ...
+
+    def client_first(self, s: State) -> bool:
+        """Whether the client's actions alone are an ample set."""
+        ...
+
+    def server_first(self, s: State) -> bool:
+        """Whether the server's actions alone are an ample set."""
+        ...
+
+    def check_at_rest(self, s: State) -> None:
+        """Raise :class:`Broken` if ``s``, at rest, breaks an end-state rule."""
+        ...
+
+    def marks(self, s: State) -> tuple[bool, bool]:
+        """Two marks counted over the states reached (for the figures)."""
+        ...
 
 
 @attrs.frozen(kw_only=True)
@@ -92,7 +135,7 @@ def search(
                 invariant=exc.invariant, detail=exc.detail, path=path, at_rest=rest
             )
 
-    def expand(state: State, actions: list[Action]) -> tuple[bool, bool]:
+    def expand(state: State, actions: Sequence[Action]) -> tuple[bool, bool]:
         """Take every enabled action of ``actions``: (progress made, an invariant broke)."""
         nonlocal transitions
         moved = broke = False
