@@ -41,7 +41,7 @@ import trio_websocket
 
 from vrt._core.bounded import RecentSet
 from vrt._core.events import AudioDelta, Transcript
-from vrt._core.results import CallRecord
+from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt._core.tables import UPSTREAM
 from vrt._engine.groups import single_unwrapped
 from vrt._errors import InvalidTransition, ModelError
@@ -81,6 +81,7 @@ RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """Seconds between two attempts to connect (the last repeats)."""
 FEED_SIZE = 4096
 """Events of a response waiting for its turn's step to take them (then the model waits)."""
+_ENDED = frozenset(("finished", "interrupted", "failed"))
 IDS_KEPT = 10_000
 """Call and response ids remembered to drop duplicates and late events."""
 
@@ -124,8 +125,10 @@ class Upstream:
         self._opened: dict[Turn, trio.MemoryReceiveChannel[FeedItem]] = {}
         self._over: RecentSet[str] = RecentSet(IDS_KEPT)  # responses ended or unwanted
         self._call_ids: RecentSet[str] = RecentSet(IDS_KEPT)  # calls seen this session
-        self._live_calls: set[str] = set()  # calls of the active response, started
-        self._completed: dict[str, None] = {}  # calls the model completed, not answered
+        self._live_calls: dict[str, str] = {}  # calls of the active response: their names
+        self._completed: dict[str, tuple[str, Turn | None]] = {}
+        """Calls the model completed and nobody answered yet: their names, and the turn
+        they were fed to (None: no turn took them)."""
         self._known: set[str] = set()  # calls the connected model session knows
         self._asked: RecentSet[str] = RecentSet(IDS_KEPT)  # turns whose input went upstream
         self._cancelled: set[str] = set()  # Gemini: ids it cancelled (no answer)
@@ -414,7 +417,9 @@ class Upstream:
         if self.state not in ("requested", "unwanted", "idle"):
             return False
         self._on_started(rid, protocol)
-        return self._active == rid and self.state == "responding"
+        # active now, responding or being cancelled (it was unwanted): its events go on to
+        # count its calls (answered INTERRUPTED if completed); nothing of it reaches a turn
+        return self._active == rid
 
     def _filter_call(self, event: ModelEvent) -> ModelEvent | None:
         """Drop a call delivered twice, and fragments of calls not live in this response."""
@@ -424,16 +429,19 @@ class Upstream:
                           self.session.session_id, event.call_id)  # fmt: skip
                 return None
             self._call_ids.add(event.call_id)
-            self._live_calls.add(event.call_id)
+            self._live_calls[event.call_id] = event.name
         elif isinstance(event, CallDelta | CallEnd):
             if event.call_id not in self._live_calls:
                 log.debug("session %s: an event of call %s dropped (not live)",
                           self.session.session_id, event.call_id)  # fmt: skip
                 return None
             if isinstance(event, CallEnd):
-                self._live_calls.discard(event.call_id)
-                self._completed[event.call_id] = None
+                name = self._live_calls.pop(event.call_id)
                 self._known.add(event.call_id)
+                if self._feed is None:  # no turn takes it (it ended, or was cut first)
+                    self._orphans([_interrupted(event.call_id, name, event.arguments)])
+                    return None
+                self._completed[event.call_id] = (name, self._feed_turn)
         return event
 
     async def _feed_item(self, item: FeedItem) -> None:
@@ -443,7 +451,14 @@ class Upstream:
         try:
             await feed.send(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            turn = self._feed_turn
             self._feed = None
+            if not isinstance(item, CallEnd):
+                return
+            entry = self._completed.get(item.call_id)
+            if entry is not None and turn is not None and turn.state in _ENDED:
+                del self._completed[item.call_id]  # its turn ended before it came
+                self._orphans([_interrupted(item.call_id, entry[0], item.arguments)])
 
     def _on_audio(self, event: AudioOut) -> None:
         turn = self._feed_turn
@@ -466,10 +481,13 @@ class Upstream:
     def _on_done(self, event: ResponseDone, protocol: RealtimeProtocol) -> None:
         rid = event.response_id
         if rid != self._active:
-            if rid in self._over or not self._implicit_start(rid, protocol):
-                if self.state == "unwanted" and rid not in self._over:
-                    self._move("done")  # the unwanted one ended before we saw it start
-                    self._over.add(rid)
+            if rid in self._over:
+                return
+            if self.state == "unwanted":  # it ended before we saw it start: nothing to cancel
+                self._move("done")
+                self._over.add(rid)
+                return
+            if not self._implicit_start(rid, protocol):
                 return
         self._over.add(rid)
         self._active = None
@@ -536,6 +554,7 @@ class Upstream:
         with trio.move_on_after(self.model.timeout):
             while self.state != "idle":
                 await self._changed.wait()
+        await trio.lowlevel.checkpoint_if_cancelled()  # an interrupt while it waited wins
         if self.state != "idle":
             why = self.failure or f"the model's connection is {self.state}"
             raise ModelError(f"the model is not ready: {why}")
@@ -581,6 +600,16 @@ class Upstream:
         if self._broken is turn:
             self._broken = None
         pending = [r for r in records if r.call_id in self._completed]
+        taken = {r.call_id for r in records}
+        cut = [  # completed, fed to this turn, never taken by it (it was cut first)
+            _interrupted(call_id, name, None)
+            for call_id, (name, fed) in self._completed.items()
+            if fed is turn and call_id not in taken
+        ]
+        for record in cut:
+            self._completed.pop(record.call_id, None)
+        if cut:
+            self._orphans(cut)
         if not pending:
             return
         if status == "interrupted" and self._unsettled:  # Gemini heard the user
@@ -589,6 +618,14 @@ class Upstream:
             self._held.extend(pending)
             return
         self._answer([r for r in pending if r.call_id not in self._cancelled], respond=False)
+
+    def _orphans(self, records: list[CallRecord]) -> None:
+        """Calls the model completed that no turn will answer: INTERRUPTED, now (Gemini,
+        after it heard the user: once it settles, less the ids it cancelled)."""
+        if self._unsettled:
+            self._held.extend(records)
+        else:
+            self._answer([r for r in records if r.call_id not in self._cancelled], respond=False)
 
     def interrupted(self, heard_ms: int | None) -> None:
         """The app interrupted the turn: cancel the active response, or make a requested one
@@ -685,6 +722,21 @@ async def _open_ws(
     finally:
         with trio.CancelScope(shield=True):
             await tcp.aclose()
+
+
+def _interrupted(call_id: str, name: str, arguments: Any) -> CallRecord:
+    """The answer of a call the model completed after its turn stopped taking calls."""
+    return CallRecord(
+        call_id=call_id,
+        name=name,
+        kind="server",
+        arguments=arguments if arguments is not None else {},
+        result=ToolResult(
+            ok=False,
+            code=ResultCode.INTERRUPTED,
+            message="the user interrupted the turn before the call ran",
+        ),
+    )
 
 
 class _Fatal(Exception):

@@ -485,7 +485,7 @@ class RealtimeModel:
             )
         if record[C_ANSWERS]:
             raise Broken("one-answer", f"{n} is answered a second time")
-        if record[C_TC] not in TOOL_CALL.finals:
+        if record[C_TURN] >= 0 and record[C_TC] not in TOOL_CALL.finals:
             raise Broken("engine", f"{n} is answered while its ToolCall is {record[C_TC]}")
         if record[C_TC] == "settled" and not record[C_RAN]:
             raise Broken("one-answer", f"{n}'s answer says it settled, but it never ran")
@@ -499,7 +499,10 @@ class RealtimeModel:
         target = move(TURN, w[S_TURNS][t][T_MACHINE], "interrupt")
         if target is None:
             return False
+        unread = w[S_TURNS][t][T_QUEUE]
         self._turn(w, t, machine=target, queue=())  # its channel is never read again
+        for item in unread:  # a call it never took is answered at its end (the cut rule)
+            self._undelivered(w, item)
         if not by_model:
             self._unwanted(w)  # the model's truth: what was asked for before is unwanted
             self._interrupted(w)
@@ -576,6 +579,11 @@ class RealtimeModel:
                     "turn-end", f"{turn_name(t)} ends ({event}) while {call_name(c)} is {tc}"
                 )
         record = w[S_TURNS][t]
+        never_taken = [
+            item[1]
+            for item in record[T_QUEUE]
+            if item[0] == "end" and w[S_CALLS][item[1]][C_TURN] != t
+        ]
         machine = must(TURN, record[T_MACHINE], event, "the turn ends")
         rx = record[T_RX] and record[T_PC] != CONSUME  # its step's channel closes as it exits
         # how it ended is not read again (ENDED_TURN), nor anything else of it but its rx
@@ -592,6 +600,8 @@ class RealtimeModel:
             w[S_BROKEN] = -1
         pending = [c for c in self._calls_of(w, t) if c in w[S_COMPLETED]]
         respond = self.broken == "create-after-interrupt" and machine == "interrupted"
+        for c in never_taken:  # fed to it, cut before it took them
+            self._orphan(w, c)
         if pending:
             self._answer(w, pending, respond=respond, t=t)
 
@@ -630,13 +640,35 @@ class RealtimeModel:
         a turn that takes nothing more never reads it."""
         t = w[S_FEED]
         if t < 0:
+            self._undelivered(w, item)
             return
         record = w[S_TURNS][t]
         if not record[T_RX]:
             w[S_FEED] = -1
+            self._undelivered(w, item)
             return
         if record[T_MACHINE] in LIVE_TURN and record[T_PC] in (AFTER, CONSUME):
             self._turn(w, t, queue=(*record[T_QUEUE], item))
+        else:  # queued in a channel its cancelled turn never reads: answered at its end
+            self._undelivered(w, item)
+
+    def _undelivered(self, w: list[Any], item: tuple[Any, ...]) -> None:
+        """A CallEnd no live turn takes: a call no turn took, or whose turn has ended, is
+        answered INTERRUPTED now (Upstream._orphans); one its still unwinding turn took is
+        answered with that turn's record when it ends (Upstream.turn_ended)."""
+        if item[0] != "end":
+            return
+        c = item[1]
+        owner = w[S_CALLS][c][C_TURN]
+        if owner < 0 or w[S_TURNS][owner][T_PC] == ENDED:
+            self._orphan(w, c)
+
+    def _orphan(self, w: list[Any], c: int) -> None:
+        """Upstream._orphans: the model completed ``c`` and no turn will answer it."""
+        if c not in w[S_COMPLETED] or w[S_UP] in DOWN:
+            return
+        w[S_COMPLETED] = w[S_COMPLETED] - {c}
+        self._answered(w, c)
 
     def _on_started(self, w: list[Any], r: int) -> None:
         """Upstream._on_started."""
@@ -666,7 +698,7 @@ class RealtimeModel:
         if w[S_UP] not in ("requested", "unwanted", "idle"):
             return False
         self._on_started(w, r)
-        return bool(w[S_ACTIVE] == r and w[S_UP] == "responding")
+        return bool(w[S_ACTIVE] == r)  # responding, or cancelling (unwanted): its calls counted
 
     def _on_output(self, w: list[Any], r: int, kind: str, c: int) -> None:
         """Upstream._on for ResponseOutput and AudioOut, then _filter_call and _feed_item."""
@@ -690,10 +722,13 @@ class RealtimeModel:
     def _on_done(self, w: list[Any], r: int) -> None:
         """Upstream._on_done."""
         if r != w[S_ACTIVE]:
-            if r in w[S_OVER] or not self._implicit_start(w, r):
-                if w[S_UP] == "unwanted" and r not in w[S_OVER]:
-                    self._up(w, "done")  # the unwanted one ended before we saw it start
-                    w[S_OVER] = w[S_OVER] | {r}
+            if r in w[S_OVER]:
+                return
+            if w[S_UP] == "unwanted":  # it ended before we saw it start: nothing to cancel
+                self._up(w, "done")
+                w[S_OVER] = w[S_OVER] | {r}
+                return
+            if not self._implicit_start(w, r):
                 return
         w[S_OVER] = w[S_OVER] | {r}
         w[S_ACTIVE] = 0
@@ -1035,11 +1070,15 @@ class RealtimeModel:
         return tuple(w)
 
     def woken(self, t: int, s: State) -> State | None:
-        """A request woken by a move checks the state again: idle, it goes on (an
-        interrupt since the wake does not stop it: no checkpoint between), else it waits."""
+        """A request woken by a move checks for an interrupt since (the checkpoint after
+        the wait: Cancelled, the turn unwinds), then the state again: idle, it goes on, else
+        it waits."""
         if t >= len(s[S_TURNS]) or s[S_TURNS][t][T_PC] != WOKEN:
             return None
         w = list(s)
+        if s[S_TURNS][t][T_MACHINE] not in LIVE_TURN:
+            self._turn(w, t, pc=WAIT_IDLE)  # cancelled: nothing more but unwinding
+            return tuple(w)
         self._request(w, t)
         return tuple(w)
 
