@@ -24,7 +24,7 @@ import trio
 
 ROOT = Path(__file__).parent.parent
 
-START_TIMEOUT = 10.0
+START_TIMEOUT = 30.0
 
 
 def free_port() -> int:
