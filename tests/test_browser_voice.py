@@ -21,7 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.test_browser import CHROMIUM, ROOT, open_page, run_js, serving
+from tests.test_browser import CHROMIUM, ROOT, open_page, run_js
+from vrt._cli import voice_agent
+from vrt.models._scripted import Say
+from vrt.testing._realtime_core import WORD_MS
 
 pytestmark = pytest.mark.network  # a real browser: the first pass only, as tests/test_browser.py
 
@@ -135,13 +138,65 @@ def test_a_spoken_question_an_answer_and_a_barge_in(browser: Any) -> None:
         page = open_page(browser, server.url)
         page.goto("http" + server.url[2:] + "voice?autorun")
         got = run_js(page, BARGE, None, within=20)
-        cut = got["result"]["interrupts"][0]
-        later = run_js(page, NEXT, [cut["turnId"]], within=10)
+        later = run_js(page, NEXT, [got["result"]["interrupts"][0]["turnId"]], within=10)
         console = page.console
         page.close()
     finally:
         fake = server.stop()
     took = time.monotonic() - began
-    print(json.dumps({"got": got, "later": later, "fake": fake}, indent=1))
     assert not [c for c in console if c.startswith(("error", "pageerror"))], console
     assert fake["violations"] == []
+    result, after, end = got["result"], got["after"], later["end"]
+    assert result["errors"] == []
+    [cut] = later["result"]["interrupts"]  # the barge-in, once
+    turn = cut["turnId"]
+    assert cut["why"] == "barge-in" and turn is not None, cut
+    said = {(t["role"], t["turnId"]) for t in later["result"]["transcript"]}
+    assert ("user", turn) in said and ("agent", turn) in said
+
+    # the voice is silent within 50 ms of the interrupt, by the AudioContext's clock
+    quantum = 128 / after["sampleRate"]
+    assert after["interruptTime"] == cut["time"]
+    assert after["flushTime"] - cut["time"] < 0.05
+    assert after["lastSoundTime"] < after["flushTime"] + quantum
+    silent_after = after["lastSoundTime"] - cut["time"]
+    assert silent_after < 0.05, silent_after
+    assert after["queuedMs"] == 0
+
+    # the slow app call: cancelled in the page, INTERRUPTED on the server (the turn too)
+    assert result["turns"][0] == {**result["turns"][0], "turnId": turn, "reason": "interrupted"}
+    calls = {c["name"]: c for c in result["calls"].values()}
+    assert calls["weather"]["phases"][-1] == "settled"
+    assert calls["show_card"]["phases"][-1] == "cancelled"
+    assert [c["state"] for c in result["cards"]] == ["cancelled"]
+    card_id = next(k for k, c in result["calls"].items() if c["name"] == "show_card")
+    answers = {m["item"]["call_id"]: json.loads(m["item"]["output"]) for m in fake["sent"]
+               if m["type"] == "conversation.item.create"
+               and m["item"]["type"] == "function_call_output"}  # fmt: skip
+    assert answers[card_id]["code"] == "INTERRUPTED", answers
+
+    # the model is told what the page played: the truncate of the answer's audio item
+    # (the turn's second: after the first response's words) is within 50 ms of it
+    [truncate] = [m for m in fake["sent"] if m["type"] == "conversation.item.truncate"]
+    first = voice_agent.steps()[0][0]
+    assert isinstance(first, Say)
+    before = len(first.text.split()) * WORD_MS
+    played = after["turns"][turn]["playedMs"]
+    off = truncate["audio_end_ms"] + before - played
+    assert abs(off) <= 50, (truncate, before, played)
+    assert cut["heardMs"] <= played  # what vrt.js sent: read just before the interrupt
+
+    # nothing of the interrupted turn played after it; the next utterance is a new turn
+    assert end["turns"][turn] == after["turns"][turn]
+    assert end["turns"][turn]["playedMs"] < end["turns"][turn]["receivedMs"]
+    [(nxt, stats)] = [(t, s) for t, s in end["turns"].items() if t != turn]
+    assert stats["playedMs"] > 0 and stats["droppedMs"] == 0
+    assert {"turnId": nxt, "reason": "finished"}.items() <= later["result"]["turns"][-1].items()
+    assert took < 30
+    print(
+        f"\nsilent {silent_after * 1000:.2f} ms after the page's barge-in (flush at "
+        f"+{(after['flushTime'] - cut['time']) * 1000:.2f} ms); truncate audio_end_ms "
+        f"{truncate['audio_end_ms']} + {before} ms before its item vs {played:.2f} ms played: "
+        f"{off:+.2f} ms; heardMs {cut['heardMs']}; context {after['sampleRate']} Hz; "
+        f"test {took:.1f} s"
+    )

@@ -244,7 +244,7 @@ async def test_an_interrupt_during_a_call_truncates_the_ended_responses_audio() 
         [vrt.say("three four"), vrt.call("slow", {})],
     ]
     async with FakeRealtime(steps, api="openai") as fake:
-        async with realtime_session(fake, tools) as (session, log):
+        async with realtime_session(fake, tools) as (session, _log):
             turn = await session.start_turn("talk")
             await tools.slow_started.wait()
             upstream = session.upstream
