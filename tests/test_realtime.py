@@ -239,7 +239,7 @@ async def test_an_interrupt_during_a_call_truncates_the_ended_responses_audio() 
     app's interrupt then (no response active: nothing to cancel) still truncates its item
     to what was heard, counted from the turn's first audio (two responses here)."""
     tools = Tools()
-    steps = [
+    steps: list[list[Any]] = [
         [vrt.say("one two"), vrt.call("clock", {})],
         [vrt.say("three four"), vrt.call("slow", {})],
     ]
