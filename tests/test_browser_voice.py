@@ -200,3 +200,26 @@ def test_a_spoken_question_an_answer_and_a_barge_in(browser: Any) -> None:
         f"{off:+.2f} ms; heardMs {cut['heardMs']}; context {after['sampleRate']} Hz; "
         f"test {took:.1f} s"
     )
+
+
+def test_vrt_demo_web_voice_serves_the_page(browser: Any) -> None:
+    """As a new user: ``vrt demo --web --voice`` prints the page's URL; the page loads,
+    connects with audio-v1 and says so, with no console error, before anyone talks."""
+    command = [sys.executable, "-m", "vrt", "demo", "--web", "--voice", "--port", "0"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline().decode() for _ in range(3)]
+        [url] = [line.split(" is ")[1].split()[0] for line in lines if "voice demo is" in line]
+        assert url.endswith("/voice"), lines
+        page = open_page(browser, "ws" + url[4:-5])
+        page.goto(url)
+        page.wait_for_function("() => window.voiceResult?.ready === true", timeout=10_000)
+        status = page.text_content("#status") or ""
+        assert "audio-v1" in status and page.is_enabled("#talk"), status
+        assert not [c for c in page.console if c.startswith(("error", "pageerror"))], page.console
+        page.close()
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=10)
+    assert "Traceback" not in err.decode() and " ERROR " not in err.decode(), err.decode()
