@@ -234,6 +234,31 @@ async def test_the_apps_interrupt_cancels_the_response_and_truncates_to_what_was
     assert fake.violations == []
 
 
+async def test_an_interrupt_during_a_call_truncates_the_ended_responses_audio() -> None:
+    """A response that ended on a call: its voice still plays while the call runs; the
+    app's interrupt then (no response active: nothing to cancel) still truncates its item
+    to what was heard, counted from the turn's first audio (two responses here)."""
+    tools = Tools()
+    steps: list[list[Any]] = [
+        [vrt.say("one two"), vrt.call("clock", {})],
+        [vrt.say("three four"), vrt.call("slow", {})],
+    ]
+    async with FakeRealtime(steps, api="openai") as fake:
+        async with realtime_session(fake, tools) as (session, _log):
+            turn = await session.start_turn("talk")
+            await tools.slow_started.wait()
+            upstream = session.upstream
+            assert upstream is not None
+            await eventually(lambda: upstream.state == "idle")  # the response is done
+            session.interrupt(heard_ms=150)
+            result = await turn.wait()
+    assert result.status == "interrupted" and tools.cancelled
+    assert sent(fake, "response.cancel") == []
+    [truncate] = sent(fake, "conversation.item.truncate")
+    assert truncate["audio_end_ms"] == 150 - 120  # the first response's two words: 120 ms
+    assert fake.violations == []
+
+
 async def test_a_call_cut_off_mid_arguments_never_runs_and_gets_no_answer() -> None:
     tools = Tools()
     steps = [[vrt.say("let me see"), vrt.call("clock", {"zone": "UTC"}, chunks=3, truncate=True)]]

@@ -646,12 +646,16 @@ class Upstream:
         self._stop_feed()
 
     def _truncate(self, heard_ms: int | None, protocol: RealtimeProtocol) -> None:
-        """Truncate the active response's audio item holding the point the user heard to
-        (``heard_ms`` into the turn's audio; None: all that was sent), never past what was
-        sent of it."""
+        """Truncate the audio item holding the point the user heard to (``heard_ms`` into
+        the turn's audio; None: all that was sent), never past what was sent of it: the
+        active response's, or with ``heard_ms`` the last response's of the open turn (one
+        that ended on a call: its voice still plays while the call runs, and the model
+        must not keep what the user never heard)."""
         item = self._last_item
         sent = self._audio_ms.get(item)
-        if not item or sent is None or self._active is None:
+        if not item or sent is None:
+            return
+        if self._active is None and (heard_ms is None or self._spoken[0] is not self.session.turn):
             return
         if heard_ms is None:
             ms = sent
