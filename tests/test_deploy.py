@@ -103,7 +103,7 @@ async def test_two_workers_survive_a_sigterm_of_the_one_running_the_session(
                 ended = await turn(client, events, "hello")
                 assert said(events, ended.turn_id) == "turn 1, 1 inputs seen, 0 interrupted"
                 with trio.fail_after(5):  # the turn's end is saved just after it is sent
-                    while (saved := await store.load(client.session_id or "")) is None:
+                    while (saved := await store.load(client.session_id or "")) is None:  # noqa: ASYNC110 - another process saves it
                         await trio.sleep(0.05)
                 owner_pid = int(saved.owner.split(":")[1])
                 assert owner_pid in first
