@@ -10,6 +10,7 @@ test with the fake asserts its ``violations`` empty, and no ERROR is logged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator
@@ -541,6 +542,33 @@ async def test_frames_against_the_rules_and_the_rate_bound(no_errors: None) -> N
     assert limited["code"] == m.RATE_LIMITED and "closed" in limited["message"]
     assert closed["reason"] == "server"
     assert fake.violations == []
+
+
+async def test_audio_still_coming_at_a_shutdown_is_dropped(no_errors: None) -> None:
+    """Clients stream audio while the server shuts down (the bench saw it): frames read
+    after their session closed are dropped; nothing escapes vrt.serve."""
+    async with FakeRealtime([], api="openai") as fake:
+        for _ in range(2):
+            async with trio.open_nursery() as clients:
+                async with served(realtime_agent(fake)) as server:
+                    for _ in range(5):
+                        peer = await clients.start(streaming, server)
+                    await trio.sleep(0.2)
+                clients.cancel_scope.cancel()
+            del peer
+    assert fake.violations == []
+
+
+async def streaming(server: vrt.Server, *, task_status: trio.TaskStatus[Raw]) -> None:
+    """A client that sends 10 ms frames of silence as fast as it can, until its
+    connection ends."""
+    try:
+        async with raw_session(server, ["audio-v1"]) as (peer, _welcome):
+            task_status.started(peer)
+            while True:
+                await peer.ws.send_message(b"\x00\x00" * 240)
+    except* (ConnectionClosed, trio.BrokenResourceError):
+        pass  # the server went away
 
 
 async def test_a_client_without_audio_is_served_as_before(no_errors: None) -> None:

@@ -138,6 +138,11 @@ class Session:
         return self._machine.state
 
     @property
+    def final(self) -> bool:
+        """Whether the session is over here (closed, or handed over to another process)."""
+        return self._machine.final
+
+    @property
     def turn(self) -> Turn | None:
         """The open turn, if any."""
         return self._turn

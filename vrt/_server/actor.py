@@ -501,7 +501,8 @@ class SessionActor:
     def _act(self, session: Session, message: Any) -> None:
         proto = self.proto
         if type(message) is AudioIn:
-            session.send_audio(message.pcm)
+            if not session.final:  # audio that came after the session closed: dropped
+                session.send_audio(message.pcm)
         elif isinstance(message, m.Input):
             self.turns.input(message.text)
         elif isinstance(message, m.Interrupt):
