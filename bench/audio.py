@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,8 +369,8 @@ async def run(args: argparse.Namespace) -> list[Window]:
                     for kind in kinds:
                         extra: list[str] = []
                         profile = None
-                        if args.profile and kind == "vrt" and sessions == max(args.sessions):
-                            profile = folder / "vrt.prof"
+                        if args.profile and sessions == max(args.sessions):
+                            profile = folder / f"{kind}.prof"
                             extra = ["--profile-to", str(profile)]
                         async with process(
                             folder, kind, "--role", kind, "--upstream", fake_url, *extra
@@ -378,10 +379,34 @@ async def run(args: argparse.Namespace) -> list[Window]:
                         windows.append(window)
                         show_window(window)
                         if profile is not None and profile.exists():
-                            print(f"  cProfile of the vrt server, {sessions} sessions, by tottime:")
-                            stats = pstats.Stats(str(profile))
-                            stats.sort_stats("tottime").print_stats(25)
+                            print(f"  cProfile of the {kind} server, {sessions} sessions:")
+                            by_package(pstats.Stats(str(profile)))
     return windows
+
+
+def by_package(stats: pstats.Stats) -> None:
+    """The profile's own time (tottime) summed by package (vrt by subpackage), busy time
+    only: epoll's wait is the process idle."""
+    found: Counter[str] = Counter()
+    for (path, _, name), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if "poll' of 'select.epoll" in name:
+            key = "(idle: epoll wait)"
+        elif "/bench/" in path:
+            key = "bench (the relay's own code)"
+        elif "/vrt/" in path:
+            key = "vrt/" + path.split("/vrt/")[1].split("/")[0]
+        elif "site-packages/" in path:
+            key = path.split("site-packages/")[1].split("/")[0]
+        elif path == "~":
+            key = name.split(" of ")[0].strip("<>")[:40]
+        else:
+            key = "stdlib " + Path(path).name
+        found[key] += own
+    idle = found.pop("(idle: epoll wait)", 0.0)
+    busy = sum(found.values())
+    print(f"    busy {busy:.2f} s (idle {idle:.2f} s), own time by package:")
+    for key, own in found.most_common(12):
+        print(f"    {own:7.2f} s {100 * own / busy:5.1f} %  {key}")
 
 
 # -- the figures ---------------------------------------------------------------------------------
@@ -450,7 +475,11 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=33, help="words an answer (60 ms each)")
     parser.add_argument("--delay", type=float, default=0.015, help="the fake's pace, s a message")
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 sessions, 5 s")
-    parser.add_argument("--profile", action="store_true", help="cProfile the vrt server")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile each server (the largest count), by package",
+    )
     parser.add_argument("--kinds", default="relay,vrt", help="the servers, in this order")
     parser.add_argument("--logs", help="keep the processes' logs in this folder")
     parser.add_argument("--role", choices=["fake", "vrt", "relay"], help=argparse.SUPPRESS)
