@@ -10,7 +10,6 @@ test with the fake asserts its ``violations`` empty, and no ERROR is logged.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator
