@@ -433,12 +433,12 @@ def _serve_until_interrupted(
 def _banner(server: vrt.Server, target: str, label: str, options: dict[str, Any]) -> None:
     print(f"vrt serve: {target} on {server.url}", flush=True)
     page = "http" + server.url[2:]  # ws:// or wss:// to http:// or https://
-    if options.get("web_demo"):
+    if options.get("web_demo") and label == VOICE_LABEL:  # / is the travel demo's page
+        print(f"vrt serve: the voice demo is {page}voice (allow the microphone)", flush=True)
+    elif options.get("web_demo"):
         print(f"vrt serve: the demo page is {page}", flush=True)
         if label in (DEMO_LABEL, DEMO_AGENT):  # the page's story needs its agent
             print(f"vrt serve: {page}?autorun plays the demo by itself", flush=True)
-        if label == VOICE_LABEL:
-            print(f"vrt serve: the voice demo is {page}voice (allow the microphone)", flush=True)
     if options.get("metrics"):
         print(f"vrt serve: metrics at {page}metrics", flush=True)
 
