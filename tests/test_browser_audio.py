@@ -191,7 +191,9 @@ def test_the_page_talks_and_listens_and_an_interrupt_silences_it(
     assert got["ended2"] == {"turnId": "t2", "epoch": 2, "reason": "interrupted"}
     assert t2["receivedMs"] == t2["sentMs"] == 2000 and t2["droppedMs"] == 0
     assert 200 < t2["playedMs"] < 1000, t2  # 0.4 s of the 2 s sent, give or take the network
-    assert stats2["interruptTime"] == got["endedAt"]
+    # the page's listener reads the clock in the same task as vrt.js's flush, but the
+    # context may advance an audio callback between the two reads (seen once in CI, 11.6 ms)
+    assert abs(stats2["interruptTime"] - got["endedAt"]) < 0.05
     assert stats2["lastSoundTime"] < stats2["flushTime"] + quantum
     assert stats2["lastSoundTime"] - got["endedAt"] < 0.05
     assert stats2["turns"]["t1"] == t1  # nothing of t1 played since
