@@ -4,6 +4,7 @@ fake's ``violations`` empty: our side never sends what the real servers refuse."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio_websocket
 
 import vrt
 from tests.conftest import Log, until
@@ -439,3 +441,112 @@ async def test_a_served_realtime_session_moves_between_nodes_with_its_history() 
     ]
     assert texts == ["first words", "first words", "one", "second"]
     assert fake.violations == []
+
+
+# -- a hostile or broken model server (found in review: each killed the session) ------------
+
+
+@asynccontextmanager
+async def model_server(handler: Any) -> AsyncIterator[str]:
+    """A WebSocket server on loopback that runs ``handler(ws)`` for each connection: a
+    model server we script message by message. Gives its ``ws://`` URL."""
+
+    async def accept(request: Any) -> None:
+        ws = await request.accept()
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await handler(ws)
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(trio_websocket.serve_websocket, accept, "127.0.0.1", 0, None)
+        yield f"ws://127.0.0.1:{server.port}"
+        nursery.cancel_scope.cancel()
+
+
+async def ready(ws: Any) -> None:
+    """Take the session.update, answer session.updated."""
+    assert json.loads(await ws.get_message())["type"] == "session.update"
+    await ws.send_message(json.dumps({"type": "session.updated", "session": {}}))
+
+
+async def test_json_nested_past_the_stack_is_dropped_and_the_session_goes_on() -> None:
+    async def handler(ws: Any) -> None:
+        await ready(ws)
+        await ws.send_message("[" * 200_000 + "]" * 200_000)  # RecursionError in json.loads
+        while True:
+            message = json.loads(await ws.get_message())
+            if message["type"] == "response.create":
+                for event in (
+                    {"type": "response.created", "response": {"id": "r1"}},
+                    {"type": "response.output_text.delta", "response_id": "r1", "delta": "ok"},
+                    {"type": "response.done", "response": {"id": "r1", "status": "completed"}},
+                ):
+                    await ws.send_message(json.dumps(event))
+
+    async with model_server(handler) as url:
+        model = vrt.models.OpenAIRealtime(url=url, api_key=KEY, output="text", timeout=3)
+        async with vrt.open_session(vrt.define_agent(model=model)) as session:
+            result = await (await session.start_turn("hello")).wait()
+    assert result.status == "finished"
+
+
+async def test_a_failed_tls_handshake_is_a_failed_connection_not_a_dead_session() -> None:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            trio.serve_tcp, lambda stream: stream.send_all(b"HTTP/1.1 400 no\r\n\r\n"), 0
+        )
+        port = listeners[0].socket.getsockname()[1]
+        model = vrt.models.OpenAIRealtime(url=f"wss://127.0.0.1:{port}", api_key=KEY, timeout=1)
+        async with vrt.open_session(vrt.define_agent(model=model)) as session:
+            result = await (await session.start_turn("hello")).wait()
+            assert session.upstream is not None
+            failure = session.upstream.failure
+        nursery.cancel_scope.cancel()
+    assert result.status == "failed" and "not ready" in (result.message or "")
+    assert failure == "the TLS handshake with the model failed"
+
+
+async def test_a_request_the_model_never_answers_is_forgotten_when_its_step_times_out() -> None:
+    """The server refuses the first response.create (an error, no response): the turn
+    fails at the timeout, and the next request goes; the user's speech then opens a turn of
+    its own rather than being cancelled as unwanted."""
+    creates = 0
+
+    async def handler(ws: Any) -> None:
+        nonlocal creates
+        await ready(ws)
+        while True:
+            message = json.loads(await ws.get_message())
+            if message["type"] == "response.create":
+                creates += 1
+                if creates == 1:
+                    error = {"type": "invalid_request_error", "message": "refused"}
+                    await ws.send_message(json.dumps({"type": "error", "error": error}))
+                    continue
+                for event in (
+                    {"type": "response.created", "response": {"id": f"r{creates}"}},
+                    {
+                        "type": "response.done",
+                        "response": {"id": f"r{creates}", "status": "completed"},
+                    },
+                ):
+                    await ws.send_message(json.dumps(event))
+            elif message["type"] == "input_audio_buffer.append":  # the server's VAD
+                for event in (
+                    {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0},
+                    {"type": "response.created", "response": {"id": "r_vad"}},
+                    {"type": "response.done", "response": {"id": "r_vad", "status": "completed"}},
+                ):
+                    await ws.send_message(json.dumps(event))
+
+    async with model_server(handler) as url:
+        model = vrt.models.OpenAIRealtime(url=url, api_key=KEY, output="text", timeout=0.5)
+        async with vrt.open_session(vrt.define_agent(model=model)) as session:
+            first = await (await session.start_turn("one")).wait()
+            second = await (await session.start_turn("two")).wait()
+            async with session.subscribe() as events:
+                session.send_audio(b"\x00\x00" * 2400)
+                log = Log(events)
+                spoken = await until(log, ended)
+    assert first.status == "failed" and "sent nothing" in (first.message or "")
+    assert second.status == "finished"
+    assert spoken.reason == "finished"

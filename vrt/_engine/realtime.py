@@ -82,6 +82,9 @@ RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 FEED_SIZE = 4096
 """Events of a response waiting for its turn's step to take them (then the model waits)."""
 _ENDED = frozenset(("finished", "interrupted", "failed"))
+ITEMS_KEPT = 1_000
+"""Audio items and open calls of one response the driver tracks (a model server that
+opens more gets the rest untracked: audio still plays, calls are dropped)."""
 IDS_KEPT = 10_000
 """Call and response ids remembered to drop duplicates and late events."""
 
@@ -131,7 +134,7 @@ class Upstream:
         they were fed to (None: no turn took them)."""
         self._known: set[str] = set()  # calls the connected model session knows
         self._asked: RecentSet[str] = RecentSet(IDS_KEPT)  # turns whose input went upstream
-        self._cancelled: set[str] = set()  # Gemini: ids it cancelled (no answer)
+        self._cancelled: RecentSet[str] = RecentSet(IDS_KEPT)  # Gemini: ids it cancelled
         self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
         self._unsettled = False  # Gemini: it heard the user; its cancellations may follow
         self._audio_ms: dict[str, float] = {}  # the active response's audio, per item
@@ -242,6 +245,8 @@ class Upstream:
             self.failure = "the connection closed" + (f" ({code})" if code else "")
         except OSError as exc:
             self.failure = f"cannot connect: {exc.strerror or type(exc).__name__}"
+        except trio.BrokenResourceError:  # a TLS handshake that failed (trio wraps the error)
+            self.failure = "the TLS handshake with the model failed"
         except _Fatal as exc:
             self.failure = str(exc)
         self._lost()
@@ -279,7 +284,7 @@ class Upstream:
         try:
             message = json.loads(data)
             events = protocol.receive(message)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # (JSON nested past Python's stack)
             log.debug("session %s: a message from the model dropped: %s",
                       self.session.session_id, str(exc)[:200])  # fmt: skip
             return False
@@ -315,7 +320,7 @@ class Upstream:
         self._live_calls.clear()
         self._completed.clear()
         self._held.clear()
-        self._cancelled.clear()
+        self._cancelled = RecentSet(IDS_KEPT)
         self._unsettled = False
         self._over = RecentSet(IDS_KEPT)  # a new connection's ids may repeat (Gemini's)
         message = f"the connection to the model was lost ({self.failure})"
@@ -366,7 +371,8 @@ class Upstream:
                     Transcript(turn_id=turn.turn_id if turn else "", role="user", text=event.text)
                 )
         elif isinstance(event, CallsCancelled):
-            self._cancelled.update(event.call_ids)
+            for call_id in event.call_ids:
+                self._cancelled.add(call_id)
             for call_id in event.call_ids:
                 self._completed.pop(call_id, None)
         elif isinstance(event, Settled):
@@ -428,6 +434,10 @@ class Upstream:
                 log.debug("session %s: call %s delivered again: dropped",
                           self.session.session_id, event.call_id)  # fmt: skip
                 return None
+            if len(self._live_calls) >= ITEMS_KEPT:  # a response that never ends its calls
+                log.debug("session %s: call %s dropped (too many calls open in a response)",
+                          self.session.session_id, event.call_id)  # fmt: skip
+                return None
             self._call_ids.add(event.call_id)
             self._live_calls[event.call_id] = event.name
         elif isinstance(event, CallDelta | CallEnd):
@@ -471,12 +481,17 @@ class Upstream:
             spoken = 0.0
         item = event.item_id
         if item not in self._audio_ms:
+            if len(self._audio_ms) >= ITEMS_KEPT:  # a response of endless items: not tracked
+                return self._emit_audio(turn, event.pcm, rate)
             self._item_at[item] = spoken
         self._audio_ms[item] = self._audio_ms.get(item, 0.0) + ms
         self._spoken = (turn, spoken + ms)
         self._last_item = item
+        self._emit_audio(turn, event.pcm, rate)
+
+    def _emit_audio(self, turn: Turn, pcm: bytes, rate: int) -> None:
         if self.session.watched:
-            self.session.emit(AudioDelta(turn_id=turn.turn_id, pcm=event.pcm, sample_rate=rate))
+            self.session.emit(AudioDelta(turn_id=turn.turn_id, pcm=pcm, sample_rate=rate))
 
     def _on_done(self, event: ResponseDone, protocol: RealtimeProtocol) -> None:
         rid = event.response_id
@@ -510,7 +525,7 @@ class Upstream:
         turn = self.session.turn
         if protocol.answers_wait_for_settled:
             self._unsettled = True  # the ids it cancels, if any, come before it settles
-            self._cancelled.clear()
+            self._cancelled = RecentSet(IDS_KEPT)
         if turn is not None and turn.state not in ("finished", "interrupted", "failed"):
             self._truncate(None, protocol)
             turn.interrupt(by_model=True)
@@ -540,6 +555,7 @@ class Upstream:
                     except trio.EndOfChannel:
                         return  # an interrupt stopped the feed (the turn's scope is cancelled)
                 if waited.cancelled_caught:
+                    self._abandon_request(turn)
                     raise ModelError(f"the model sent nothing for {timeout:g} s")
                 if isinstance(item, _End):
                     return
@@ -597,6 +613,7 @@ class Upstream:
         answers now, with no request for a response (Gemini, after an interrupt: once it
         says which it cancelled)."""
         self._opened.pop(turn, None)
+        self._abandon_request(turn)
         if self._broken is turn:
             self._broken = None
         pending = [r for r in records if r.call_id in self._completed]
@@ -618,6 +635,17 @@ class Upstream:
             self._held.extend(pending)
             return
         self._answer([r for r in pending if r.call_id not in self._cancelled], respond=False)
+
+    def _abandon_request(self, turn: Turn) -> None:
+        """``turn`` stopped waiting for the response it asked for (its step timed out, or
+        it ended): the request is forgotten, so the next one may go; a response that comes
+        after all starts from ``idle``, as one of the model's own (a new turn), rather than
+        feeding a turn that is gone or being cancelled as unwanted."""
+        if self._awaiting is None or self._awaiting[0] is not turn:
+            return
+        self._drop_awaiting()
+        if self.state in ("requested", "unwanted"):
+            self._move("forget")
 
     def _orphans(self, records: list[CallRecord]) -> None:
         """Calls the model completed that no turn will answer: INTERRUPTED, now (Gemini,
