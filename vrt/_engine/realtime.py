@@ -42,7 +42,7 @@ import trio_websocket
 from vrt._core.bounded import RecentSet
 from vrt._core.events import AudioDelta, Transcript
 from vrt._core.results import CallRecord, ResultCode, ToolResult
-from vrt._core.tables import UPSTREAM
+from vrt._core.tables import TURN, UPSTREAM
 from vrt._engine.groups import single_unwrapped
 from vrt._errors import InvalidTransition, ModelError
 from vrt.models import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, UserInput
@@ -81,7 +81,8 @@ RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """Seconds between two attempts to connect (the last repeats)."""
 FEED_SIZE = 4096
 """Events of a response waiting for its turn's step to take them (then the model waits)."""
-_ENDED = frozenset(("finished", "interrupted", "failed"))
+_ENDED = TURN.finals
+"""The Turn machine's final states: a turn that takes nothing more."""
 ITEMS_KEPT = 1_000
 """Audio items and open calls of one response the driver tracks (a model server that
 opens more gets the rest untracked: audio still plays, calls are dropped)."""
@@ -526,7 +527,7 @@ class Upstream:
         if protocol.answers_wait_for_settled:
             self._unsettled = True  # the ids it cancels, if any, come before it settles
             self._cancelled = RecentSet(IDS_KEPT)
-        if turn is not None and turn.state not in ("finished", "interrupted", "failed"):
+        if turn is not None and turn.state not in _ENDED:
             self._truncate(None, protocol)
             turn.interrupt(by_model=True)
         if state == "requested" and not protocol.cancels:
@@ -571,8 +572,9 @@ class Upstream:
             while self.state != "idle":
                 await self._changed.wait()
         await trio.lowlevel.checkpoint_if_cancelled()  # an interrupt while it waited wins
-        if self.state != "idle":
-            why = self.failure or f"the model's connection is {self.state}"
+        state = self.state
+        if not self._move("create"):  # the machine says whether a request may go now
+            why = self.failure or f"the model's connection is {state}"
             raise ModelError(f"the model is not ready: {why}")
         protocol = self.protocol
         assert protocol is not None
@@ -586,7 +588,6 @@ class Upstream:
                 if isinstance(item, CallRecord) and item.call_id in self._completed
             ]
             self._answer(records, respond=True)
-        self._move("create")
         send, receive = trio.open_memory_channel[FeedItem](FEED_SIZE)
         self._awaiting = (turn, send)
         return receive

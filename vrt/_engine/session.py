@@ -292,7 +292,7 @@ class Session:
         pcm = bytes(pcm)
         if len(pcm) % 2:
             raise ValueError(f"pcm must be PCM16 (an even number of bytes), not {len(pcm)}")
-        if self._machine.final:
+        if self.final:
             raise SessionClosed("the session is closed")
         if self.upstream is None:
             raise RuntimeError("this agent's model is not a realtime model: it takes no audio")

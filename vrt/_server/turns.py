@@ -50,11 +50,7 @@ class Turns:
         busy until it ends, as for an input's (a session moving meanwhile goes at its
         end)."""
         self.turned = True
-        if self.movement.can("start"):
-            self.movement.send("start")
-            assert self._nursery is not None
-            assert self._session is not None
-            self._nursery.start_soon(self._run, self._session)
+        self._busy()
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -88,7 +84,13 @@ class Turns:
     def start(self) -> None:
         """Start the waiting inputs' turns, if the session is between turns here (Movement
         ``start``); while it is moving they wait, and go with it in its saved state."""
-        if self._inputs and self.movement.can("start"):
+        if self._inputs:
+            self._busy()
+
+    def _busy(self) -> None:
+        """Movement ``start``, if the session is between turns here, and the task that
+        runs its turns while it is ``busy``."""
+        if self.movement.can("start"):
             self.movement.send("start")
             assert self._nursery is not None
             assert self._session is not None
