@@ -638,6 +638,8 @@ BROWSER_TURN = """async (url) => {
 BROWSER_START = """async (url) => {
   const { connect } = await import("/vrt/vrt.js");
   const state = (window.vrtTest = {settled: [], lifecycle: [], ran: 0});
+  // A fixed wait here raced the cut on a loaded machine (the turn could end first)
+  state.cut = new Promise((r) => (state.wasCut = r));
   let running;
   const runningNow = new Promise((r) => (running = r));
   const client = await connect(url, {
@@ -646,7 +648,7 @@ BROWSER_START = """async (url) => {
              run: async (args) => {
                state.ran += 1;
                running();
-               await new Promise((r) => setTimeout(r, 300));
+               await state.cut;  // answered only once the page has lost the connection
                return {shown: args.id};
              }}],
   });
@@ -658,6 +660,7 @@ BROWSER_START = """async (url) => {
   for (const type of ["reconnecting", "resumed", "closed"]) {
     client.addEventListener(type, () => state.lifecycle.push(type));
   }
+  client.addEventListener("reconnecting", () => state.wasCut(), {once: true});
   state.ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
   state.client = client;
   await client.sendText("go");

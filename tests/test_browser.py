@@ -295,6 +295,8 @@ def test_an_app_call_over_its_timeout_is_aborted_in_the_page(browser: Any) -> No
 START = """async ([url]) => {
   const { connect } = await import("/vrt.js");
   const state = (window.vrtTest = {log: [], events: [], lifecycle: []});
+  // A fixed wait here raced the cut on a loaded machine (the turn could end first)
+  state.cut = new Promise((r) => (state.wasCut = r));
   let running;
   const runningNow = new Promise((r) => (running = r));
   const client = await connect(url, {
@@ -304,7 +306,7 @@ START = """async ([url]) => {
       run: async (args, ctx) => {
         state.log.push(["begin", args.n]);
         running();
-        await new Promise((r) => setTimeout(r, 300));
+        await state.cut;  // answered only once the page has lost the connection
         state.log.push(["end", args.n]);
         return {edited: args.n};
       },
@@ -316,6 +318,7 @@ START = """async ([url]) => {
   for (const type of ["reconnecting", "resumed", "closed"]) {
     client.addEventListener(type, () => state.lifecycle.push(type));
   }
+  client.addEventListener("reconnecting", () => state.wasCut(), {once: true});
   state.ended = new Promise((r) => client.addEventListener("turn.ended", r, {once: true}));
   state.client = client;
   await client.sendText("go");
