@@ -1,10 +1,12 @@
-"""A realtime model's connection, held for a session's life, and the turns its responses make.
+"""A realtime model's driver: its model session, held for a session's life, and the turns
+its responses make.
 
 A session whose agent has a realtime model (:class:`vrt.models.OpenAIRealtime`,
 :class:`vrt.models.GeminiLive`) owns one :class:`Upstream`, a task in the session's nursery
-that holds the model's WebSocket. Its Upstream machine (:mod:`machines.upstream`) decides
-what may be sent: a request for a response only when none is active, requested or being
-cancelled; a cancel only while a response is active.
+that holds the model's WebSocket through its :class:`~.realtime_link.Link` (the socket, the
+send and receive pumps, the reconnects: :mod:`.realtime_link`). Its Upstream machine
+(:mod:`machines.upstream`) decides what may be sent: a request for a response only when
+none is active, requested or being cancelled; a cancel only while a response is active.
 
 How responses become turns. A response the model starts on its own (its voice detector
 heard the user) opens a turn (:meth:`Session.open_model_turn`), interrupting the open one
@@ -16,34 +18,29 @@ interrupted turn's too: every call the model completed gets exactly one answer).
 
 Barge-in. The model's speech-start interrupts the open turn as ``session.interrupt()`` does
 (the model cancels its own response); the app's interrupt cancels the active response and
-truncates the assistant's audio to what was heard. Events of a response no longer wanted
-(late ones, a call delivered twice) are dropped with a DEBUG line; a call id runs at most
-once per session.
+truncates the assistant's audio to what was heard (:mod:`.realtime_voice` keeps the
+account). Events of a response no longer wanted (late ones, a call delivered twice) are
+dropped with a DEBUG line; a call id runs at most once per session.
 
-A lost connection fails the step that waits on it (:class:`~vrt.ModelError`); the Upstream
-reconnects with backoff and seeds the new model session with the session's history.
+A lost connection fails the step that waits on it (:class:`~vrt.ModelError`); the Link
+reconnects with backoff and the Upstream seeds the new model session with the session's
+history.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import ssl
-from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import trio
-import trio_websocket
 
 from vrt._core.bounded import RecentSet
 from vrt._core.events import AudioDelta, Transcript
 from vrt._core.results import CallRecord, ResultCode, ToolResult
 from vrt._core.tables import TURN, UPSTREAM
-from vrt._engine.groups import single_unwrapped
+from vrt._engine.realtime_link import Fatal, Link
+from vrt._engine.realtime_voice import Voice
 from vrt._errors import InvalidTransition, ModelError
 from vrt.models import CallDelta, CallEnd, CallStart, ModelEvent, ModelRequest, UserInput
 from vrt.models._realtime import (
@@ -72,13 +69,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vrt")
 
-AUDIO_BUFFER_SECONDS = 5.0
-"""The user's audio held while the connection is busy or down: past it, the oldest goes
-(counted in :attr:`Upstream.audio_dropped`)."""
-MAX_UPSTREAM_MESSAGE = 16 * 1024 * 1024
-"""Bytes of one message from the model (audio deltas are base64 in JSON)."""
-RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-"""Seconds between two attempts to connect (the last repeats)."""
 FEED_SIZE = 4096
 """Events of a response waiting for its turn's step to take them (then the model waits)."""
 _ENDED = TURN.finals
@@ -110,18 +100,9 @@ class Upstream:
         self.session = session
         self.model = model
         self.machine = UPSTREAM.new()
-        self.protocol: RealtimeProtocol | None = None
-        self.failure: str | None = None
-        """Why the last attempt to connect failed (short, no secret), or None."""
-        self.connections = 0
-        """How many times the model session was set up (1 + reconnects)."""
-        self.audio_dropped = 0
-        """Bytes of the user's audio dropped because the buffer was full."""
+        self.link = Link(self, model, session.session_id)
+        """The connection (its socket, its queues, its reconnect loop)."""
         self._changed = trio.Event()  # set (and replaced) whenever the machine moves
-        self._out: deque[Message] = deque()  # control messages, in order
-        self._audio: deque[bytes] = deque()
-        self._audio_bytes = 0
-        self._wake = trio.Event()
         self._active: str | None = None  # the response the machine holds open
         self._feed: trio.MemorySendChannel[FeedItem] | None = None  # its step's, if bound
         self._feed_turn: Turn | None = None
@@ -138,10 +119,7 @@ class Upstream:
         self._cancelled: RecentSet[str] = RecentSet(IDS_KEPT)  # Gemini: ids it cancelled
         self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
         self._unsettled = False  # Gemini: it heard the user; its cancellations may follow
-        self._audio_ms: dict[str, float] = {}  # the active response's audio, per item
-        self._item_at: dict[str, float] = {}  # where each of those starts in its turn's audio
-        self._last_item = ""
-        self._spoken: tuple[Turn | None, float] = (None, 0.0)  # a turn, and its audio so far
+        self._voice = Voice(ITEMS_KEPT)  # the model's audio items, to truncate on an interrupt
         self._user_said: str | None = None
         self._broken: Turn | None = None  # a turn whose connection was lost mid-step
 
@@ -149,6 +127,26 @@ class Upstream:
     def state(self) -> str:
         """The Upstream machine's state."""
         return self.machine.state
+
+    @property
+    def protocol(self) -> RealtimeProtocol | None:
+        """The API's protocol object of the current connection (None before the first)."""
+        return self.link.protocol
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last attempt to connect failed (short, no secret), or None."""
+        return self.link.failure
+
+    @property
+    def connections(self) -> int:
+        """How many times the model session was set up (1 + reconnects)."""
+        return self.link.connections
+
+    @property
+    def audio_dropped(self) -> int:
+        """Bytes of the user's audio dropped because the buffer was full."""
+        return self.link.audio_dropped
 
     def _move(self, event: str) -> bool:
         """Send ``event`` to the machine; False if it does not allow it here."""
@@ -161,97 +159,35 @@ class Upstream:
         return True
 
     def _send(self, messages: Iterable[Message]) -> None:
-        self._out.extend(messages)
-        self._wake.set()
-
-    # -- the user's audio -------------------------------------------------------------------------
+        self.link.send(messages)
 
     def send_audio(self, pcm: bytes) -> None:
         """Queue the user's voice for the model: sync, never blocks; the buffer keeps the
-        newest :data:`AUDIO_BUFFER_SECONDS` (the oldest is dropped and counted)."""
-        limit = int(AUDIO_BUFFER_SECONDS * self.model.input_rate) * 2
-        if len(pcm) > limit:
-            self.audio_dropped += len(pcm) - limit
-            pcm = pcm[len(pcm) - limit :]
-        self._audio.append(pcm)
-        self._audio_bytes += len(pcm)
-        while self._audio_bytes > limit:  # the oldest goes, to the byte (PCM16: even)
-            excess = self._audio_bytes - limit
-            oldest = self._audio.popleft()
-            if len(oldest) > excess:
-                self._audio.appendleft(oldest[excess:])
-                self._audio_bytes -= excess
-                self.audio_dropped += excess
-            else:
-                self._audio_bytes -= len(oldest)
-                self.audio_dropped += len(oldest)
-        self._wake.set()
+        newest :data:`~vrt._engine.realtime_link.AUDIO_BUFFER_SECONDS` (the oldest is
+        dropped and counted)."""
+        self.link.send_audio(pcm)
 
-    # -- the connection ---------------------------------------------------------------------------
+    # -- the connection (the Link asks, the machine decides) --------------------------------------
 
     async def run(self) -> None:
         """Hold the connection for the session's life (cancelled with it), reconnecting
-        with backoff when it is lost."""
-        attempt = 0
+        with backoff when it is lost (:meth:`Link.run <.realtime_link.Link.run>`)."""
         try:
-            while True:
-                was_ready = await self._connection()
-                if was_ready:
-                    attempt = 0
-                delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
-                attempt += 1
-                if attempt == 1 or was_ready:
-                    log.warning(
-                        "session %s: the realtime model's connection %s (%s): connecting again",
-                        self.session.session_id,
-                        "was lost" if was_ready else "failed",
-                        self.failure,
-                    )
-                await trio.sleep(delay)
-                self._move("reconnect")
+            await self.link.run()
         finally:
             self._move("close")
 
-    async def _connection(self) -> bool:
-        """One connection, until it is lost; whether the model session got ready."""
-        url, headers = self.model.endpoint()
-        protocol = self.model.protocol()
-        self.protocol = protocol
-        ready = False
-        try:
-            with single_unwrapped():
-                async with (
-                    _open_ws(url, headers, self.model.timeout) as ws,
-                    trio.open_nursery() as nursery,
-                ):
-                    nursery.start_soon(self._writer, ws)
-                    self._send(protocol.setup(self._seed(())))
-                    with trio.fail_after(self.model.timeout):
-                        while not ready:
-                            ready = await self._read_one(ws, protocol)
-                    self.connections += 1
-                    self.failure = None
-                    if self.connections > 1:
-                        log.info("session %s: the realtime model is connected again",
-                                 self.session.session_id)  # fmt: skip
-                    while True:
-                        await self._read_one(ws, protocol)
-        except trio.TooSlowError:
-            self.failure = f"no answer from the model within {self.model.timeout:g} s"
-        except trio_websocket.ConnectionRejected as exc:
-            self.failure = f"the model refused the connection (HTTP {exc.status_code})"
-        except (trio_websocket.ConnectionClosed, trio_websocket.HandshakeError) as exc:
-            reason = getattr(exc, "reason", None)
-            code = getattr(reason, "code", None)
-            self.failure = "the connection closed" + (f" ({code})" if code else "")
-        except OSError as exc:
-            self.failure = f"cannot connect: {exc.strerror or type(exc).__name__}"
-        except trio.BrokenResourceError:  # a TLS handshake that failed (trio wraps the error)
-            self.failure = "the TLS handshake with the model failed"
-        except _Fatal as exc:
-            self.failure = str(exc)
-        self._lost()
-        return ready
+    def audio_may_go(self) -> bool:
+        """The user's audio waits while the model session is set up."""
+        return self.state != "connecting"
+
+    def setup(self, protocol: RealtimeProtocol) -> Iterable[Message]:
+        """A new connection's first messages: the model session, with no history yet."""
+        return protocol.setup(self._seed(()))
+
+    def retrying(self) -> None:
+        """The backoff is over: the next attempt to connect begins."""
+        self._move("reconnect")
 
     def _seed(self, history: Sequence[Any]) -> RealtimeSeed:
         session = self.session
@@ -259,36 +195,9 @@ class Upstream:
             instructions=session.agent.instructions, tools=session.specs, history=history
         )
 
-    async def _writer(self, ws: trio_websocket.WebSocketConnection) -> None:
-        with contextlib.suppress(trio_websocket.ConnectionClosed):  # the reader sees it too
-            await self._write(ws)
-
-    async def _write(self, ws: trio_websocket.WebSocketConnection) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            while self._out or (self._audio and self.state != "connecting"):
-                if self._out:
-                    message = self._out.popleft()
-                else:
-                    pcm = self._audio.popleft()
-                    self._audio_bytes -= len(pcm)
-                    assert self.protocol is not None
-                    message = self.protocol.audio(pcm)[0]
-                await ws.send_message(json.dumps(message, separators=(",", ":")))
-
-    async def _read_one(
-        self, ws: trio_websocket.WebSocketConnection, protocol: RealtimeProtocol
-    ) -> bool:
-        """Read and act on one message; True if it made the model session ready."""
-        data = await ws.get_message()
-        try:
-            message = json.loads(data)
-            events = protocol.receive(message)
-        except (ValueError, RecursionError) as exc:  # (JSON nested past Python's stack)
-            log.debug("session %s: a message from the model dropped: %s",
-                      self.session.session_id, str(exc)[:200])  # fmt: skip
-            return False
+    async def received(self, events: Sequence[RealtimeEvent], protocol: RealtimeProtocol) -> bool:
+        """Act on the events of one message from the model; True if they made the model
+        session ready."""
         ready = False
         for event in events:
             if isinstance(event, Ready):
@@ -310,13 +219,10 @@ class Upstream:
         self._send(protocol.seed(self._seed(history)))
         return True
 
-    def _lost(self) -> None:
-        """The connection is gone: fail the step waiting on it; what the model knew is
-        seeded again from the history on the next connection."""
+    def lost(self) -> None:
+        """The connection is gone (the Link emptied its queues): fail the step waiting on
+        it; what the model knew is seeded again from the history on the next connection."""
         self._move("drop")
-        self._out.clear()
-        self._audio.clear()  # the user's words of the outage: stale by the next connection
-        self._audio_bytes = 0
         self._active = None
         self._live_calls.clear()
         self._completed.clear()
@@ -384,7 +290,7 @@ class Upstream:
             log.warning("session %s: the realtime model says: %s%s", self.session.session_id,
                         event.message, f" ({event.code})" if event.code else "")  # fmt: skip
             if event.fatal:
-                raise _Fatal(event.message)
+                raise Fatal(event.message)
 
     def _on_started(self, rid: str, protocol: RealtimeProtocol) -> None:
         if rid in self._over:
@@ -403,7 +309,7 @@ class Upstream:
             return
         self._active = rid
         self._live_calls.clear()
-        self._audio_ms, self._item_at = {}, {}
+        self._voice.new_response()
         if state == "requested" and self._awaiting is not None:
             self._feed_turn, self._feed = self._awaiting
             self._awaiting = None
@@ -476,23 +382,9 @@ class Upstream:
         if turn is None or self._feed is None:
             return
         rate = self.model.output_rate
-        ms = len(event.pcm) / 2 / rate * 1000
-        spoken_turn, spoken = self._spoken
-        if spoken_turn is not turn:
-            spoken = 0.0
-        item = event.item_id
-        if item not in self._audio_ms:
-            if len(self._audio_ms) >= ITEMS_KEPT:  # a response of endless items: not tracked
-                return self._emit_audio(turn, event.pcm, rate)
-            self._item_at[item] = spoken
-        self._audio_ms[item] = self._audio_ms.get(item, 0.0) + ms
-        self._spoken = (turn, spoken + ms)
-        self._last_item = item
-        self._emit_audio(turn, event.pcm, rate)
-
-    def _emit_audio(self, turn: Turn, pcm: bytes, rate: int) -> None:
+        self._voice.sent(turn, event.item_id, len(event.pcm) / 2 / rate * 1000)
         if self.session.watched:
-            self.session.emit(AudioDelta(turn_id=turn.turn_id, pcm=pcm, sample_rate=rate))
+            self.session.emit(AudioDelta(turn_id=turn.turn_id, pcm=event.pcm, sample_rate=rate))
 
     def _on_done(self, event: ResponseDone, protocol: RealtimeProtocol) -> None:
         rid = event.response_id
@@ -680,21 +572,9 @@ class Upstream:
         active response's, or with ``heard_ms`` the last response's of the open turn (one
         that ended on a call: its voice still plays while the call runs, and the model
         must not keep what the user never heard)."""
-        item = self._last_item
-        sent = self._audio_ms.get(item)
-        if not item or sent is None:
-            return
-        if self._active is None and (heard_ms is None or self._spoken[0] is not self.session.turn):
-            return
-        if heard_ms is None:
-            ms = sent
-        else:
-            starts = self._item_at
-            held = [i for i in self._audio_ms if starts.get(i, 0.0) <= heard_ms]
-            item = held[-1] if held else next(iter(self._audio_ms))
-            ms = min(max(0.0, heard_ms - starts.get(item, 0.0)), self._audio_ms[item])
-        self._send(protocol.truncate(item, int(ms)))
-        self._audio_ms, self._item_at = {}, {}
+        cut = self._voice.cut(heard_ms, active=self._active is not None, turn=self.session.turn)
+        if cut is not None:
+            self._send(protocol.truncate(*cut))
 
     def _stop_feed(self) -> None:
         """The open turn is interrupted: the rest of its response is dropped."""
@@ -706,55 +586,6 @@ class Upstream:
         if self._awaiting is not None:
             self._awaiting[1].close()
             self._awaiting = None
-
-
-@asynccontextmanager
-async def _open_ws(
-    url: str, headers: list[tuple[str, str]], seconds: float
-) -> AsyncIterator[trio_websocket.WebSocketConnection]:
-    """A WebSocket to the model: TCP (TLS for ``wss://``, the system's trust store), then
-    the upgrade, each within ``seconds``. We open and always close the TCP stream
-    ourselves: trio-websocket's client leaves it open when the server closes first. When
-    the session closes (a cancel), the socket is closed without a close handshake: the
-    reader that would take the peer's reply is cancelled with it."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise _Fatal(f"not a ws:// or wss:// URL: {parts.scheme}://{parts.hostname}")
-    secure = parts.scheme == "wss"
-    port = parts.port or (443 if secure else 80)
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    with trio.fail_after(seconds):
-        tcp = await trio.open_tcp_stream(parts.hostname, port)
-    try:
-        stream: trio.abc.Stream = tcp
-        if secure:
-            tls = trio.SSLStream(
-                tcp,
-                ssl.create_default_context(),
-                server_hostname=parts.hostname,
-                https_compatible=True,
-            )
-            with trio.fail_after(seconds):
-                await tls.do_handshake()
-            stream = tls
-        async with trio.open_nursery() as nursery:
-            with trio.fail_after(seconds):
-                ws = await trio_websocket.wrap_client_stream(
-                    nursery,
-                    stream,  # type: ignore[arg-type]
-                    parts.hostname,
-                    resource,
-                    extra_headers=[(k.encode(), v.encode()) for k, v in headers],
-                    max_message_size=MAX_UPSTREAM_MESSAGE,
-                    message_queue_size=16,
-                )
-            try:
-                yield ws
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await tcp.aclose()
 
 
 def _interrupted(call_id: str, name: str, arguments: Any) -> CallRecord:
@@ -770,7 +601,3 @@ def _interrupted(call_id: str, name: str, arguments: Any) -> CallRecord:
             message="the user interrupted the turn before the call ran",
         ),
     )
-
-
-class _Fatal(Exception):
-    """The model said the connection is over."""

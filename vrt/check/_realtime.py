@@ -757,7 +757,7 @@ class RealtimeModel:
         self._stop_feed(w)
 
     def _lost(self, w: list[Any]) -> None:
-        """Upstream._lost: fail the step waiting on the connection."""
+        """Upstream.lost (told by its Link): fail the step waiting on the connection."""
         self._up(w, "drop")
         w[S_ACTIVE] = 0
         w[S_LIVE] = w[S_COMPLETED] = w[S_OVER] = frozenset()
@@ -962,7 +962,7 @@ class RealtimeModel:
         return tuple(w)
 
     def reconnect(self, s: State) -> State | None:
-        """Upstream.run connects again after its backoff (``reconnect``)."""
+        """Link.run connects again after its backoff (Upstream.retrying: ``reconnect``)."""
         if s[S_UP] != "lost":
             return None
         w = list(s)
