@@ -1,4 +1,4 @@
-"""``vrt check``: the realtime model (vrt/check/_realtime.py), a session's connection to a
+"""``vrt check``: the realtime model (vrt/check/_realtime*.py), a session's connection to a
 realtime voice model, the turns its responses make and the calls in them."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import statemachine
 from machines.base import VrtChart
 from vrt import check
 from vrt._core.tables import TOOL_CALL, UPSTREAM, Table
-from vrt.check._realtime import S_TURNS, S_UP, RealtimeModel
+from vrt.check._realtime import RealtimeModel
+from vrt.check._realtime_state import S_TURNS, S_UP
+from vrt.check._realtime_tasks import unwound
 from vrt.check._search import search
 from vrt.check._state import Broken
 
@@ -181,7 +183,7 @@ def test_a_state_not_at_rest_fails_the_check_at_rest() -> None:
         model.check_at_rest(opened)
     cut = model.speech(opened)
     assert cut is not None and cut[S_UP] == "cancelling"
-    ended = model.unwound(0, cut)
+    ended = unwound(model.driver, 0, cut)
     assert ended is not None
     with pytest.raises(Broken, match="stuck: at rest, but the Upstream is cancelling"):
         model.check_at_rest(ended)

@@ -157,7 +157,7 @@ The tests check the reduction at small bounds: reduced and full explorations fin
 violations and the same states at rest. Breadth first, a violation's path is a shortest one
 in the reduced graph; it is then shortened by dropping every step it does not need.
 
-**The realtime model** (:func:`explore_realtime`, ``vrt/check/_realtime.py``): one session
+**The realtime model** (:func:`explore_realtime`, ``vrt/check/_realtime*.py``): one session
 with a realtime voice model (``vrt/_engine/realtime.py``), up to ``calls`` tool calls and
 ``responses`` responses with content, explored breadth first over every interleaving with a
 visited set, without the reduction. Its transition relation is the Upstream machine
@@ -239,7 +239,7 @@ from vrt.check._explore import (
     format_report,
 )
 from vrt.check._machines import check_machines, count_pairs
-from vrt.check._realtime import REALTIME_BREAKABLE, REALTIME_INVARIANTS
+from vrt.check._realtime_state import REALTIME_BREAKABLE, REALTIME_INVARIANTS
 from vrt.check._state import BREAKABLE, INVARIANTS
 
 __all__ = [

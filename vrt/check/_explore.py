@@ -14,7 +14,8 @@ import attrs
 
 from vrt._core.tables import MOVEMENT, UPSTREAM, Table
 from vrt.check._model import Model
-from vrt.check._realtime import REALTIME_INVARIANTS, RealtimeModel
+from vrt.check._realtime import RealtimeModel
+from vrt.check._realtime_state import REALTIME_INVARIANTS
 from vrt.check._search import search, shorten
 from vrt.check._state import INVARIANTS
 
