@@ -7,6 +7,7 @@ the strict mode (``VRT_STRICT_MACHINES=1``) read the classes themselves.
 """
 
 from machines.app_call import AppCall
+from machines.audio_span import AudioSpan
 from machines.base import VrtChart
 from machines.call_view import CallView
 from machines.connection import Connection
@@ -26,11 +27,13 @@ ALL: tuple[type[VrtChart], ...] = (
     CallView,
     Movement,
     Upstream,
+    AudioSpan,
 )
 
 __all__ = [
     "ALL",
     "AppCall",
+    "AudioSpan",
     "CallView",
     "Connection",
     "Movement",

@@ -34,6 +34,7 @@ from vrt._wire.audio import (
     AudioInfo,
     Backlog,
     ByteRate,
+    Gate,
     Spans,
     frame_limit,
     refusal,
@@ -325,6 +326,26 @@ def test_the_spans_of_a_session() -> None:
     spans.sent("t_1", -2400)
     assert spans.end("t_1") == 50
     assert spans.end("t_1") is None
+
+
+def test_the_clients_gate_follows_the_audio_span_machine() -> None:
+    """A frame plays only inside a speaking span of the client's epoch; audio.end (or
+    turn.ended) ends the span, and a later frame is outside any (the server's error)."""
+    gate = Gate()
+    assert not gate.open and gate.admits(0) is None  # no span yet
+    gate.start("t_1", 0)
+    assert gate.span is not None and gate.span.state == "speaking"
+    assert gate.admits(0) == "t_1"
+    assert gate.admits(1) is None and gate.open  # the user interrupted: dropped, still open
+    gate.end("t_2")  # another turn's end: this span goes on
+    assert gate.open
+    span = gate.span
+    assert span is not None
+    gate.end("t_1")
+    assert span.state == "ended" and not gate.open and gate.admits(0) is None
+    gate.start("t_2", 1)  # a new span with a new machine
+    gate.start("t_3", 1)  # one still open is over: frames follow the new one
+    assert gate.admits(1) == "t_3"
 
 
 # -- end to end ---------------------------------------------------------------------------------

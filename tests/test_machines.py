@@ -136,6 +136,8 @@ def test_design_table_states_and_events() -> None:
             "ready create started done interrupt speech forget drop reconnect close",
             "closed",
         ),
+        # The voice issue: one turn's audio span on the wire, on either side.
+        "AudioSpan": ("quiet speaking ended unheard", "speak end", "ended unheard"),
     }
     for table in _tables.TABLES:
         states, events, finals = expected[table.name]

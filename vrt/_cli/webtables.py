@@ -1,13 +1,13 @@
 """``vrt/web/machines.js``: what the browser client runs that the Python side defines.
 
 The JavaScript client (``vrt/web/vrt.js``) drives each call's CallView and AppCall
-machines, and its connection's Connection machine, through tables written here from the
-same compiled tables the Python cores use (:mod:`vrt._core.tables`), so the classes in
-``machines/`` stay the one source. It checks every server message against the schemas
-of ``vrt/_wire/schemas/``, written into the same file (:mod:`vrt._cli.webschemas`): the
-HTTP front serves a fixed list of files, and the page imports one generated module, not
-two. ``vrt diagrams`` writes the file; ``vrt diagrams --check`` fails when it is stale,
-like the diagrams.
+machines, its connection's Connection machine and each audio span's AudioSpan machine
+through tables written here from the same compiled tables the Python cores use
+(:mod:`vrt._core.tables`), so the classes in ``machines/`` stay the one source. It checks
+every server message against the schemas of ``vrt/_wire/schemas/``, written into the same
+file (:mod:`vrt._cli.webschemas`): the HTTP front serves a fixed list of files, and the
+page imports one generated module, not two. ``vrt diagrams`` writes the file; ``vrt
+diagrams --check`` fails when it is stale, like the diagrams.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from vrt._cli.webschemas import schemas_js
-from vrt._core.tables import APP_CALL, CALL_VIEW, CONNECTION, Table
+from vrt._core.tables import APP_CALL, AUDIO_SPAN, CALL_VIEW, CONNECTION, Table
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 """The browser client's folder, package data of ``vrt``."""
@@ -26,6 +26,7 @@ EXPORTED: tuple[tuple[str, Table], ...] = (
     ("CALL_VIEW", CALL_VIEW),
     ("APP_CALL", APP_CALL),
     ("CONNECTION", CONNECTION),
+    ("AUDIO_SPAN", AUDIO_SPAN),
 )
 
 _RUNTIME = """

@@ -124,6 +124,17 @@ APP_CALL: Final = Table(machines.AppCall)
 CALL_VIEW: Final = Table(machines.CallView)
 MOVEMENT: Final = Table(machines.Movement)
 UPSTREAM: Final = Table(machines.Upstream)
+AUDIO_SPAN: Final = Table(machines.AudioSpan)
 
 #: Every compiled table, in the order of :data:`machines.ALL`.
-TABLES: Final = (TOOL_CALL, TURN, SESSION, CONNECTION, APP_CALL, CALL_VIEW, MOVEMENT, UPSTREAM)
+TABLES: Final = (
+    TOOL_CALL,
+    TURN,
+    SESSION,
+    CONNECTION,
+    APP_CALL,
+    CALL_VIEW,
+    MOVEMENT,
+    UPSTREAM,
+    AUDIO_SPAN,
+)

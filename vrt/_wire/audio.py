@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from vrt._core.tables import AUDIO_SPAN, Machine, StrictMachine
 from vrt._wire import messages as m
 
 FORMAT = "pcm16"
@@ -277,8 +278,8 @@ class Span:
     """One open turn's audio, as the server sends it."""
 
     epoch: int
-    started: bool = False
-    """Its ``audio.start`` was sent."""
+    machine: Machine | StrictMachine = attrs.field(factory=AUDIO_SPAN.new)
+    """Its AudioSpan machine: ``quiet`` until its ``audio.start`` is sent."""
     sent: int = 0
     """Bytes of it queued on a connection, less those dropped or purged since."""
 
@@ -312,10 +313,9 @@ class Spans:
         span = self._spans.get(turn_id)
         if span is None or span.epoch < epoch:
             return None
-        if span.started:
-            return self.GO
-        span.started = True
-        return self.START
+        quiet = span.machine.state == "quiet"
+        span.machine.send("speak")  # the first speak is what sends audio.start
+        return self.START if quiet else self.GO
 
     def epoch(self, turn_id: str) -> int:
         """The epoch of an open turn."""
@@ -344,14 +344,14 @@ class Spans:
 
     def opened(self) -> list[str]:
         """The turns whose spans are open (their ``audio.start`` sent)."""
-        return [turn_id for turn_id, span in self._spans.items() if span.started]
+        return [t for t, span in self._spans.items() if span.machine.state == "speaking"]
 
     def end(self, turn_id: str) -> int | None:
         """The turn ended: the ``sentMs`` its ``audio.end`` carries, or None if it sent no
         ``audio.start`` (then it has no span on the wire)."""
         span = self._spans.pop(turn_id, None)
-        if span is None or not span.started:
-            return None
+        if span is None or span.machine.send("end") != "ended":
+            return None  # (unheard: it never spoke)
         return span.sent * 1000 // (2 * self.rate)
 
 
@@ -361,36 +361,46 @@ class Spans:
 class Gate:
     """Which of the server's audio frames the client's app gets.
 
-    A frame belongs to the span ``audio.start`` opened (its turn and epoch) until that
-    turn's ``audio.end`` (or ``turn.ended``); it plays only while the span's epoch is the
-    client's: a user interrupt raises the client's epoch at once, so audio of the
-    interrupted turn still on the wire is dropped here.
+    A frame belongs to the span ``audio.start`` opened (its turn and epoch, its AudioSpan
+    machine ``speaking``) until that turn's ``audio.end`` (or ``turn.ended``) ends it; it
+    plays only while the span's epoch is the client's: a user interrupt raises the client's
+    epoch at once, so audio of the interrupted turn still on the wire is dropped here.
     """
 
-    __slots__ = ("epoch", "turn_id")
+    __slots__ = ("epoch", "span", "turn_id")
 
     def __init__(self) -> None:
         self.turn_id: str | None = None
-        """The turn of the open span, if any."""
+        """The turn of the last span opened, if it has not ended."""
+        self.span: Machine | StrictMachine | None = None
+        """Its AudioSpan machine."""
         self.epoch = 0
 
     def start(self, turn_id: str, epoch: int) -> None:
-        """``audio.start``."""
+        """``audio.start``: a new span (one still open is over: its ``audio.end`` went
+        with a node that failed, or two turns' spans overlap, and frames follow the new)."""
         self.turn_id, self.epoch = turn_id, epoch
+        self.span = AUDIO_SPAN.new()
+        self.span.send("speak")
 
     def end(self, turn_id: str) -> None:
         """``audio.end`` (or ``turn.ended``) of ``turn_id``: its span is over."""
-        if self.turn_id == turn_id:
+        if self.turn_id == turn_id and self.span is not None:
+            self.span.send("end")
             self.turn_id = None
 
     def admits(self, epoch: int) -> str | None:
         """The turn a frame that arrives now plays for, while the client is in ``epoch``;
         None: dropped (outside a span, or the span's epoch is behind)."""
-        if self.turn_id is None or self.epoch < epoch:
+        if not self.open:
+            return None
+        assert self.span is not None
+        self.span.send("speak")
+        if self.epoch < epoch:
             return None
         return self.turn_id
 
     @property
     def open(self) -> bool:
-        """Whether a span is open."""
-        return self.turn_id is not None
+        """Whether a span is open: its machine takes a frame (``speak``)."""
+        return self.span is not None and self.span.can("speak")

@@ -44,6 +44,19 @@ export const CONNECTION = Object.freeze({
   }),
 });
 
+/** machines/audio_span.py: AudioSpan. */
+export const AUDIO_SPAN = Object.freeze({
+  name: "AudioSpan",
+  initial: "quiet",
+  finals: Object.freeze(["ended", "unheard"]),
+  transitions: Object.freeze({
+    "quiet": Object.freeze({"speak": "speaking", "end": "unheard"}),
+    "speaking": Object.freeze({"speak": "speaking", "end": "ended"}),
+    "ended": Object.freeze({}),
+    "unheard": Object.freeze({}),
+  }),
+});
+
 /** An event the machine's current state does not accept. */
 export class InvalidTransition extends Error {
   constructor(table, state, event) {

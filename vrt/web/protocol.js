@@ -24,7 +24,7 @@
 // it is handed, and is told to stop on an interrupt: the user's, or the server's
 // turn.ended `interrupted`.
 
-import { CONNECTION, Machine, pyRepr } from "./machines.js";
+import { AUDIO_SPAN, CONNECTION, Machine, pyRepr } from "./machines.js";
 import { Broken, VrtError, encode, parse, structure } from "./codec.js";
 import { CallViews } from "./views.js";
 
@@ -87,7 +87,7 @@ export class Protocol {
     this.ended = new Set(); // turns whose turn.ended the app saw (the newest ENDED_KEPT)
     this.batching = false;
     this.audio = null; // with audio-v1: the welcome's `audio` (the rates)
-    this.span = null; // {turnId, epoch} from an audio.start to its audio.end
+    this.span = null; // {turnId, epoch, machine: its AudioSpan} from an audio.start to its end
   }
 
   // -- the client's actions ---------------------------------------------------------------------
@@ -298,14 +298,15 @@ export class Protocol {
     } else if (bytes > limit) {
       const what = `over ${AUDIO_FRAME_MS} ms (${limit} bytes at ${rate} Hz)`;
       why = new Broken("TOO_LARGE", `an audio frame of ${bytes} bytes is ${what}`);
-    } else if (this.span === null) {
+    } else if (this.span === null || !this.span.machine.accepts("speak")) {
       why = new Broken("BAD_MESSAGE", "an audio frame outside an audio.start/audio.end span");
     }
     if (why !== null) {
       this._broken(why);
       return;
     }
-    const { turnId, epoch } = this.span;
+    const { turnId, epoch, machine } = this.span;
+    machine.send("speak");
     this._speaker()?.play(turnId, data, epoch >= this.epoch); // the epoch gate
   }
 
@@ -388,7 +389,7 @@ export class Protocol {
 
   _onTurnEnded(msg) {
     this.epoch = Math.max(this.epoch, msg.epoch);
-    if (this.span?.turnId === msg.turnId) this.span = null; // (its audio.end lost with a node)
+    if (this.span?.turnId === msg.turnId) this._endSpan(); // (its audio.end lost with a node)
     const ended = this.ended;
     if (ended.has(msg.turnId)) return; // ended already (an adopting server ends what it cannot know ended)
     if (msg.reason === "interrupted") this._speaker()?.flush(msg.turnId, true);
@@ -403,13 +404,23 @@ export class Protocol {
   }
 
   _onAudioStart(msg) {
-    this.span = { turnId: msg.turnId, epoch: msg.epoch };
+    // a new span; one still open is over (its audio.end lost with a node, or two turns'
+    // spans overlap): frames follow the new one
+    const machine = new Machine(AUDIO_SPAN);
+    machine.send("speak");
+    this.span = { turnId: msg.turnId, epoch: msg.epoch, machine };
     this._speaker()?.begin(msg.turnId, msg.epoch, msg.epoch >= this.epoch); // the epoch gate
   }
 
   _onAudioEnd(msg) {
-    if (this.span?.turnId === msg.turnId) this.span = null;
+    if (this.span?.turnId === msg.turnId) this._endSpan();
     this._speaker()?.end(msg.turnId, msg.sentMs);
+  }
+
+  /** The open audio span is over (its AudioSpan machine `ended`). */
+  _endSpan() {
+    this.span.machine.send("end");
+    this.span = null;
   }
 
   _onTranscript(msg) {
