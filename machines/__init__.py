@@ -13,6 +13,7 @@ from machines.call_view import CallView
 from machines.connection import Connection
 from machines.movement import Movement
 from machines.session import Session
+from machines.settling import Settling
 from machines.tool_call import ToolCall
 from machines.turn import Turn
 from machines.upstream import Upstream
@@ -28,6 +29,7 @@ ALL: tuple[type[VrtChart], ...] = (
     Movement,
     Upstream,
     AudioSpan,
+    Settling,
 )
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "Connection",
     "Movement",
     "Session",
+    "Settling",
     "ToolCall",
     "Turn",
     "Upstream",

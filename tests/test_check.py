@@ -457,7 +457,7 @@ def test_the_phases_option_adds_deltas_and_progress() -> None:
 def test_vrt_check_prints_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert vrt_main(["check", "--calls", "2"]) == 0
     out = capsys.readouterr().out
-    assert "machines: 9, 446 (state, event) pairs: every table equals its class" in out
+    assert "machines: 10, 455 (state, event) pairs: every table equals its class" in out
     assert "model: calls=2 interrupts=1 drops=1 handovers=1 crashes=1\n" in out
     assert re.search(r"\n  states \d+ \(\d+ during a handover, \d+ after a crash\)\n", out)
     for figure in ("states ", "transitions ", "seconds ", "violations 0"):

@@ -587,6 +587,28 @@ async def test_gemini_no_cancellation_and_duplicate_call() -> None:
     assert fake.violations == [f"a second answer for {call_id!r}"]
 
 
+async def test_gemini_late_cancellation() -> None:
+    """Quirk ``late-cancellation``: the cancellation and ``turnComplete`` come 0.3 s after
+    ``interrupted``, still before the next response's content; an answer for the call in
+    between is an answer to a call the model dropped."""
+    steps = [[vrt.call("book")], [vrt.say("fine")]]
+    async with FakeRealtime(steps, api="gemini", quirks=["late-cancellation"]) as fake:
+        async with gemini(fake) as peer:
+            await peer.send({"realtimeInput": {"text": "book it"}})
+            [call] = (await peer.until(lambda m: "toolCall" in m))[-1]["toolCall"]["functionCalls"]
+            await fake.speak()
+            start = trio.current_time()
+            await peer.until(lambda m: content(m).get("interrupted", False))
+            answer = {"id": call["id"], "name": "book", "response": {"error": "interrupted"}}
+            await peer.send({"toolResponse": {"functionResponses": [answer]}})
+            got = await peer.until(lambda m: content(m).get("turnComplete", False))
+            assert trio.current_time() - start >= 0.3
+            kinds = [next(iter(m)) for m in got]
+            assert kinds[0] == "toolCallCancellation", kinds  # before anything else
+            assert got[0]["toolCallCancellation"]["ids"] == [call["id"]]
+    assert fake.violations == [f"an answer for cancelled call {call['id']!r}"]
+
+
 async def test_gemini_setup_comes_first() -> None:
     async with FakeRealtime([], api="gemini") as fake:
         async with open_websocket_url(fake.url) as ws:

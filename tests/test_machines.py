@@ -138,6 +138,8 @@ def test_design_table_states_and_events() -> None:
         ),
         # The voice issue: one turn's audio span on the wire, on either side.
         "AudioSpan": ("quiet speaking ended unheard", "speak end", "ended unheard"),
+        # The realtime issue: whether Gemini may still cancel calls of the turn it cut.
+        "Settling": ("settled unsettled closed", "heard settle close", "closed"),
     }
     for table in _tables.TABLES:
         states, events, finals = expected[table.name]

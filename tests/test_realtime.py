@@ -210,6 +210,31 @@ async def test_gemini_that_never_cancels_gets_the_interrupted_answer_once() -> N
     assert fake.violations == []
 
 
+async def test_gemini_gets_no_answer_for_a_call_it_cancels_late() -> None:
+    """Gemini heard the user during a slow call and cancels the call 0.3 s after its
+    ``interrupted``: the turn ends long before that, and its INTERRUPTED answer waits
+    (the Settling machine ``unsettled``) until Gemini settles, less the call it cancelled:
+    nothing goes. Fails if the answer goes at the turn's end."""
+    tools = Tools()
+    steps = [[vrt.call("slow", {})], [vrt.say("never")]]
+    async with FakeRealtime(steps, api="gemini", quirks=["late-cancellation"]) as fake:
+        async with realtime_session(fake, tools) as (session, _log):
+            turn = await session.start_turn("take your time")
+            with trio.fail_after(5):
+                await tools.slow_started.wait()
+            await fake.speak()
+            result = await turn.wait()
+            upstream = session.upstream
+            assert upstream is not None
+            assert upstream._settling.state == "unsettled"  # the turn ended before it settled
+            await eventually(lambda: upstream._settling.state == "settled")
+            await trio.sleep(0.2)
+    assert result.status == "interrupted"
+    assert result.calls[0].result.code == vrt.ResultCode.INTERRUPTED
+    assert outputs(fake) == []
+    assert fake.violations == []
+
+
 async def test_the_apps_interrupt_cancels_the_response_and_truncates_to_what_was_heard() -> None:
     tools = Tools()
     words = " ".join(f"word{i}" for i in range(40))

@@ -125,6 +125,7 @@ CALL_VIEW: Final = Table(machines.CallView)
 MOVEMENT: Final = Table(machines.Movement)
 UPSTREAM: Final = Table(machines.Upstream)
 AUDIO_SPAN: Final = Table(machines.AudioSpan)
+SETTLING: Final = Table(machines.Settling)
 
 #: Every compiled table, in the order of :data:`machines.ALL`.
 TABLES: Final = (
@@ -137,4 +138,5 @@ TABLES: Final = (
     MOVEMENT,
     UPSTREAM,
     AUDIO_SPAN,
+    SETTLING,
 )

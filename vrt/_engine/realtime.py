@@ -38,7 +38,7 @@ import trio
 from vrt._core.bounded import RecentSet
 from vrt._core.events import AudioDelta, Transcript
 from vrt._core.results import CallRecord, ResultCode, ToolResult
-from vrt._core.tables import TURN, UPSTREAM
+from vrt._core.tables import SETTLING, TURN, UPSTREAM
 from vrt._engine.realtime_link import Fatal, Link
 from vrt._engine.realtime_voice import Voice
 from vrt._errors import InvalidTransition, ModelError
@@ -118,7 +118,7 @@ class Upstream:
         self._asked: RecentSet[str] = RecentSet(IDS_KEPT)  # turns whose input went upstream
         self._cancelled: RecentSet[str] = RecentSet(IDS_KEPT)  # Gemini: ids it cancelled
         self._held: list[CallRecord] = []  # Gemini: answers waiting for Settled
-        self._unsettled = False  # Gemini: it heard the user; its cancellations may follow
+        self._settling = SETTLING.new()  # Gemini: it heard the user; cancellations may follow
         self._voice = Voice(ITEMS_KEPT)  # the model's audio items, to truncate on an interrupt
         self._user_said: str | None = None
         self._broken: Turn | None = None  # a turn whose connection was lost mid-step
@@ -148,6 +148,11 @@ class Upstream:
         """Bytes of the user's audio dropped because the buffer was full."""
         return self.link.audio_dropped
 
+    @property
+    def _unsettled(self) -> bool:
+        """The model may still cancel calls of the turn it cut: their answers wait."""
+        return self._settling.state == "unsettled"
+
     def _move(self, event: str) -> bool:
         """Send ``event`` to the machine; False if it does not allow it here."""
         try:
@@ -176,6 +181,7 @@ class Upstream:
             await self.link.run()
         finally:
             self._move("close")
+            self._settling.send("close")
 
     def audio_may_go(self) -> bool:
         """The user's audio waits while the model session is set up."""
@@ -228,7 +234,7 @@ class Upstream:
         self._completed.clear()
         self._held.clear()
         self._cancelled = RecentSet(IDS_KEPT)
-        self._unsettled = False
+        self._settling.send("settle")  # the next model session starts settled
         self._over = RecentSet(IDS_KEPT)  # a new connection's ids may repeat (Gemini's)
         message = f"the connection to the model was lost ({self.failure})"
         if self._feed is not None:
@@ -283,7 +289,7 @@ class Upstream:
             for call_id in event.call_ids:
                 self._completed.pop(call_id, None)
         elif isinstance(event, Settled):
-            self._unsettled = False
+            self._settling.send("settle")
             held, self._held = self._held, []
             self._answer([r for r in held if r.call_id not in self._cancelled], respond=False)
         elif isinstance(event, UpstreamError):
@@ -417,7 +423,7 @@ class Upstream:
         state = self.state
         turn = self.session.turn
         if protocol.answers_wait_for_settled:
-            self._unsettled = True  # the ids it cancels, if any, come before it settles
+            self._settling.send("heard")  # the ids it cancels, if any, come before it settles
             self._cancelled = RecentSet(IDS_KEPT)
         if turn is not None and turn.state not in _ENDED:
             self._truncate(None, protocol)

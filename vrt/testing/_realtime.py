@@ -112,7 +112,9 @@ class FakeRealtime:
     ``output_modalities``, Gemini ``responseModalities``); ``delay`` paces every message
     of a response. ``quirks`` (any of them): ``"no-created"`` (OpenAI:
     a response without ``response.created``), ``"no-cancellation"`` (Gemini: no
-    ``toolCallCancellation``, ever), ``"duplicate-call"`` (the same call twice: OpenAI a
+    ``toolCallCancellation``, ever), ``"late-cancellation"`` (Gemini: the
+    cancellation and ``turnComplete`` come 0.3 s after ``interrupted``; an answer to a
+    cancelled call in between is a violation), ``"duplicate-call"`` (the same call twice: OpenAI a
     second function call item with the same ``call_id``; Gemini the ``toolCall`` sent
     twice), ``"late-done"`` (OpenAI: after a cancel, the open item's last events, or the
     last item's ``response.output_item.done``, arrive after ``response.done``).

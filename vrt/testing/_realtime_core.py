@@ -37,7 +37,9 @@ OUTPUT_RATE = 24000
 """Both APIs speak PCM16 mono at 24 kHz."""
 WORD_MS = 60
 """How long the fake takes to say one word."""
-QUIRKS = frozenset({"no-created", "no-cancellation", "duplicate-call", "late-done"})
+QUIRKS = frozenset(
+    {"no-created", "no-cancellation", "late-cancellation", "duplicate-call", "late-done"}
+)
 
 
 @attrs.frozen(kw_only=True)

@@ -46,6 +46,10 @@ from vrt.testing._realtime_core import (
     words,
 )
 
+LATE_CANCELLATION = 0.3
+"""Seconds between ``interrupted`` and the cancellation that follows it, with quirk
+``late-cancellation`` (the API does not say they come together with it)."""
+
 PATHS = tuple(
     f"/ws/google.ai.generativelanguage.{version}.GenerativeService.BidiGenerateContent"
     for version in ("v1beta", "v1alpha")
@@ -118,6 +122,9 @@ class GeminiServer(ServerCore):
         self.orphaned: set[str] = set()
         """Ids of an interrupted turn that were never cancelled (quirk ``no-cancellation``):
         their answers are taken and lead nowhere."""
+        self._late: list[Message] = []
+        """What an interrupt still owes, with quirk ``late-cancellation``: it goes before
+        anything else, after its pause."""
         self.turns = 0
         self.detector: VoiceDetector | None = None
         self.speaking = False
@@ -332,21 +339,38 @@ class GeminiServer(ServerCore):
 
     def _interrupt(self) -> None:
         """``interrupted``; the cancellation of the calls it waited answers for (unless
-        quirk ``no-cancellation``); then ``turnComplete``."""
+        quirk ``no-cancellation``); then ``turnComplete`` (both :data:`LATE_CANCELLATION`
+        seconds later with quirk ``late-cancellation``)."""
         self.outbox.append({"serverContent": {"interrupted": True}})
+        after: list[Message] = []
         if self.pending:
             ids = sorted(self.pending)
             if "no-cancellation" in self.config.quirks:
                 self.orphaned.update(ids)
             else:
-                self.cancelled.update(ids)
-                self.outbox.append({"toolCallCancellation": {"ids": ids}})
+                self.cancelled.update(ids)  # dropped now, whenever the client hears of it
+                after.append({"toolCallCancellation": {"ids": ids}})
             self.pending.clear()
-        self.outbox.append({"serverContent": {"turnComplete": True}})
-        self.replace_plan()
+        after.append({"serverContent": {"turnComplete": True}})
+        if "late-cancellation" in self.config.quirks:
+            self._late += after
+            self.replace_plan(self._owed())
+        else:
+            self.outbox.extend(after)
+            self.replace_plan()
         self.phase = "idle"
 
     # -- responses -----------------------------------------------------------------------------
+
+    def _owed(self) -> list[Thunk | float]:
+        """The plan's head for what an interrupt still owes (quirk ``late-cancellation``):
+        a new response's messages wait behind it."""
+        if not self._late:
+            return []
+        return [LATE_CANCELLATION, *(self._pop_late for _ in self._late)]
+
+    def _pop_late(self) -> Message | None:
+        return self._late.pop(0) if self._late else None
 
     def _start(self) -> None:
         self.phase = "responding"
@@ -376,7 +400,7 @@ class GeminiServer(ServerCore):
             if self._audio:  # the server waits for the playback it assumes to end
                 plan.append(spoken * WORD_MS / 1000)
             plan.append(self._turn_complete(spoken))
-        self.replace_plan(self.paced(plan))
+        self.replace_plan([*self._owed(), *self.paced(plan)])
 
     def _say(self, text: str) -> list[Thunk | float]:
         plan: list[Thunk | float] = []
