@@ -13,10 +13,14 @@ ones the model cancelled. ``close`` ends it with the session's connection to the
 
 A model that cancels nothing on its own (OpenAI Realtime) never moves it.
 
-Invariants:
+Invariants (the driver's, with this machine):
 
-- no answer to a call goes to the model while it is ``unsettled``;
-- the held answers go at ``settle``, each once.
+- no INTERRUPTED answer of a call of the cut turn goes to the model while it is
+  ``unsettled`` (a later step's own answers are not held: they answer calls the model
+  made after it settled);
+- at ``settle`` from the model the held answers go, each once, less the calls it
+  cancelled; at ``settle`` from a lost connection they are dropped, and the next model
+  session learns of those calls from the seeded history.
 """
 
 from statemachine import State

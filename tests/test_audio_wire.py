@@ -344,7 +344,9 @@ def test_the_clients_gate_follows_the_audio_span_machine() -> None:
     gate.end("t_1")
     assert span.state == "ended" and not gate.open and gate.admits(0) is None
     gate.start("t_2", 1)  # a new span with a new machine
+    second = gate.span
     gate.start("t_3", 1)  # one still open is over: frames follow the new one
+    assert second is not None and second.state == "ended"
     assert gate.admits(1) == "t_3"
 
 

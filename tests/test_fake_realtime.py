@@ -596,8 +596,8 @@ async def test_gemini_late_cancellation() -> None:
         async with gemini(fake) as peer:
             await peer.send({"realtimeInput": {"text": "book it"}})
             [call] = (await peer.until(lambda m: "toolCall" in m))[-1]["toolCall"]["functionCalls"]
+            start = trio.current_time()  # (the fake's pause starts within speak())
             await fake.speak()
-            start = trio.current_time()
             await peer.until(lambda m: content(m).get("interrupted", False))
             answer = {"id": call["id"], "name": "book", "response": {"error": "interrupted"}}
             await peer.send({"toolResponse": {"functionResponses": [answer]}})

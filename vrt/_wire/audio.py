@@ -379,6 +379,8 @@ class Gate:
     def start(self, turn_id: str, epoch: int) -> None:
         """``audio.start``: a new span (one still open is over: its ``audio.end`` went
         with a node that failed, or two turns' spans overlap, and frames follow the new)."""
+        if self.span is not None and self.span.can("end"):
+            self.span.send("end")
         self.turn_id, self.epoch = turn_id, epoch
         self.span = AUDIO_SPAN.new()
         self.span.send("speak")

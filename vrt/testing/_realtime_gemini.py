@@ -340,7 +340,8 @@ class GeminiServer(ServerCore):
     def _interrupt(self) -> None:
         """``interrupted``; the cancellation of the calls it waited answers for (unless
         quirk ``no-cancellation``); then ``turnComplete`` (both :data:`LATE_CANCELLATION`
-        seconds later with quirk ``late-cancellation``)."""
+        seconds later with quirk ``late-cancellation``, before anything else; a response
+        that starts meanwhile waits behind them, and the pause starts again with it)."""
         self.outbox.append({"serverContent": {"interrupted": True}})
         after: list[Message] = []
         if self.pending:

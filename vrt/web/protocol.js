@@ -406,6 +406,7 @@ export class Protocol {
   _onAudioStart(msg) {
     // a new span; one still open is over (its audio.end lost with a node, or two turns'
     // spans overlap): frames follow the new one
+    if (this.span !== null) this._endSpan();
     const machine = new Machine(AUDIO_SPAN);
     machine.send("speak");
     this.span = { turnId: msg.turnId, epoch: msg.epoch, machine };
