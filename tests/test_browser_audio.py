@@ -176,7 +176,9 @@ def test_the_page_talks_and_listens_and_an_interrupt_silences_it(
     assert interrupt["epoch"] == 1 and interrupt["heardMs"] >= got["heardBefore"] >= 600
     assert -2 <= t1["playedMs"] - interrupt["heardMs"] <= 50, (t1, interrupt)
     silent_after = stats1["lastSoundTime"] - got["interruptTime"]
-    assert stats1["interruptTime"] == got["interruptTime"]
+    # (as below: the context may advance an audio callback between the page's two reads of
+    # its clock; seen under load, 11.6 ms)
+    assert abs(stats1["interruptTime"] - got["interruptTime"]) < 0.05
     assert stats1["flushTime"] - got["interruptTime"] < 0.05
     assert stats1["lastSoundTime"] < stats1["flushTime"] + quantum
     assert silent_after < 0.05

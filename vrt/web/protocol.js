@@ -87,7 +87,7 @@ export class Protocol {
     this.ended = new Set(); // turns whose turn.ended the app saw (the newest ENDED_KEPT)
     this.batching = false;
     this.audio = null; // with audio-v1: the welcome's `audio` (the rates)
-    this.span = null; // {turnId, epoch, machine: its AudioSpan} from an audio.start to its end
+    this.span = null; // the last audio.start's {turnId, epoch, machine: its AudioSpan}
   }
 
   // -- the client's actions ---------------------------------------------------------------------
@@ -406,7 +406,7 @@ export class Protocol {
   _onAudioStart(msg) {
     // a new span; one still open is over (its audio.end lost with a node, or two turns'
     // spans overlap): frames follow the new one
-    if (this.span !== null) this._endSpan();
+    this._endSpan();
     const machine = new Machine(AUDIO_SPAN);
     machine.send("speak");
     this.span = { turnId: msg.turnId, epoch: msg.epoch, machine };
@@ -418,10 +418,10 @@ export class Protocol {
     this._speaker()?.end(msg.turnId, msg.sentMs);
   }
 
-  /** The open audio span is over (its AudioSpan machine `ended`). */
+  /** The open audio span, if any, is over: its AudioSpan machine moves to `ended` (a
+   * frame after it is outside any span). */
   _endSpan() {
-    this.span.machine.send("end");
-    this.span = null;
+    if (this.span?.machine.accepts("end")) this.span.machine.send("end");
   }
 
   _onTranscript(msg) {
