@@ -49,7 +49,13 @@ from vrt.models._realtime_config import (
     upstream_text,
     user_text,
 )
-from vrt.models._render import User, arguments_text, conversation, result_text, tools_of
+from vrt.models._render import (
+    User,
+    conversation,
+    function_call_item,
+    function_output_item,
+    tools_of,
+)
 
 TRANSCRIBER = "gpt-4o-mini-transcribe"
 """The model that transcribes the user's audio (so the engine gets what the user said)."""
@@ -185,16 +191,8 @@ class OpenAIRealtimeProtocol:
                         "content": [{"type": "output_text", "text": entry.text}],
                     }
                 )
-            for call in entry.calls:
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": call.call_id,
-                        "name": call.name,
-                        "arguments": arguments_text(call.arguments),
-                    }
-                )
-            items.extend(_output(call) for call in entry.calls)
+            items.extend(function_call_item(call) for call in entry.calls)
+            items.extend(function_output_item(call) for call in entry.calls)
         return [_create(item) for item in items]
 
     def user_text(self, text: str) -> list[Message]:
@@ -204,7 +202,7 @@ class OpenAIRealtimeProtocol:
     def answers(self, records: Sequence[CallRecord], *, respond: bool) -> list[Message]:
         """One ``function_call_output`` item per record, then ``response.create`` if
         ``respond``."""
-        messages = [_create(_output(record)) for record in records]
+        messages = [_create(function_output_item(record)) for record in records]
         return [*messages, *self.respond()] if respond else messages
 
     def respond(self) -> list[Message]:
@@ -363,14 +361,6 @@ def _create(item: dict[str, Any]) -> Message:
 
 def _user_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def _output(record: CallRecord) -> dict[str, Any]:
-    return {
-        "type": "function_call_output",
-        "call_id": record.call_id,
-        "output": result_text(record.result),
-    }
 
 
 def _object(message: dict[str, Any], key: str) -> dict[str, Any]:

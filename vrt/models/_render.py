@@ -126,6 +126,25 @@ def result_text(result: ToolResult) -> str:
     return strict_json(body)
 
 
+def function_call_item(call: CallRecord) -> dict[str, Any]:
+    """A call as an OpenAI ``function_call`` item (the Responses API and Realtime alike)."""
+    return {
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": arguments_text(call.arguments),
+    }
+
+
+def function_output_item(call: CallRecord) -> dict[str, Any]:
+    """A call's result as an OpenAI ``function_call_output`` item (both APIs alike)."""
+    return {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": result_text(call.result),
+    }
+
+
 def tools_of(specs: Iterable[Any]) -> list[dict[str, Any]]:
     """Name, description and parameters of each :class:`~vrt.ToolSpec`, in order."""
     return [

@@ -26,7 +26,13 @@ from vrt.models._protocol import (
     Text,
     tokens,
 )
-from vrt.models._render import User, arguments_text, conversation, result_text, tools_of
+from vrt.models._render import (
+    User,
+    conversation,
+    function_call_item,
+    function_output_item,
+    tools_of,
+)
 
 
 def render_openai_responses(request: ModelRequest) -> list[dict[str, Any]]:
@@ -44,23 +50,8 @@ def render_openai_responses(request: ModelRequest) -> list[dict[str, Any]]:
             # ``output_text`` parts) would need the id and status the provider gave it,
             # and a stateless request has neither.
             items.append({"type": "message", "role": "assistant", "content": entry.text})
-        for call in entry.calls:
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call.call_id,
-                    "name": call.name,
-                    "arguments": arguments_text(call.arguments),
-                }
-            )
-        for call in entry.calls:
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": call.call_id,
-                    "output": result_text(call.result),
-                }
-            )
+        items.extend(function_call_item(call) for call in entry.calls)
+        items.extend(function_output_item(call) for call in entry.calls)
     return items
 
 

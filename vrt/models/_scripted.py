@@ -98,6 +98,17 @@ def _parts(item: ScriptedCall) -> list[str]:
     return parts[: len(parts) // 2] if item.truncate else parts
 
 
+def script_steps(steps: Sequence[Sequence[ScriptItem]]) -> list[list[ScriptItem]]:
+    """``steps`` as lists, each item checked: TypeError for one that is not a
+    :func:`say`, :func:`call` or :func:`pause`."""
+    out = [list(step) for step in steps]
+    for step in out:
+        for item in step:
+            if not isinstance(item, Say | ScriptedCall | Pause):
+                raise TypeError(f"a script step holds say/call/pause items, not {item!r}")
+    return out
+
+
 class ScriptedModel:
     """Plays ``steps``: each model step consumes the next scripted step.
 
@@ -107,11 +118,7 @@ class ScriptedModel:
     """
 
     def __init__(self, steps: Sequence[Sequence[ScriptItem]]) -> None:
-        self.steps = [list(step) for step in steps]
-        for step in self.steps:
-            for item in step:
-                if not isinstance(item, Say | ScriptedCall | Pause):
-                    raise TypeError(f"a script step holds say/call/pause items, not {item!r}")
+        self.steps = script_steps(steps)
         self._cursors: dict[str, list[int]] = {}  # session id -> [next step, call count]
         # Each streamed call's fragments, cut the first time it plays (every session plays
         # the same script): by the item's id, with the item to tell a reused id.

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from vrt.models._scripted import Pause, Say, ScriptedCall, ScriptItem
+from vrt.models._scripted import Say, ScriptedCall, ScriptItem, script_steps
 
 Message = dict[str, Any]
 """One JSON message, decoded."""
@@ -58,11 +58,7 @@ class Script:
     reconnect goes on where the last connection was); then ``say("ok")`` for ever."""
 
     def __init__(self, steps: Sequence[Sequence[ScriptItem]]) -> None:
-        self.steps = [list(step) for step in steps]
-        for step in self.steps:
-            for item in step:
-                if not isinstance(item, Say | ScriptedCall | Pause):
-                    raise TypeError(f"a script step holds say/call/pause items, not {item!r}")
+        self.steps = script_steps(steps)
         self.served = 0
         self._ids = 0
 
