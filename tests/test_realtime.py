@@ -369,6 +369,34 @@ async def test_a_lost_connection_fails_the_turn_and_the_next_one_has_the_history
     assert fake.violations == []
 
 
+async def test_an_interrupt_while_the_connection_is_lost_sends_nothing_stale() -> None:
+    """The connection is lost while the turn that spoke runs a slow call; the app then
+    interrupts with heard_ms: the new model session never had that item, so no truncate
+    goes to it (before, one was queued while the connection was down and sent first on
+    the next, ahead of session.update)."""
+    tools = Tools()
+    steps = [[vrt.say("one two three"), vrt.call("slow", {})], [vrt.say("three")]]
+    async with FakeRealtime(steps, api="openai") as fake:
+        async with realtime_session(fake, tools) as (session, _log):
+            turn = await session.start_turn("talk")
+            with trio.fail_after(5):
+                await tools.slow_started.wait()
+            await fake.drop()
+            upstream = session.upstream
+            assert upstream is not None
+            await eventually(lambda: upstream.state == "lost")
+            assert session.turn is turn  # its call still runs
+            session.interrupt(heard_ms=50)
+            await turn.wait()
+            await eventually(lambda: fake.connections == 2)
+            third = await (await session.start_turn("third")).wait()
+    assert third.status == "finished"
+    kinds = [m.get("type") for m in fake.received if isinstance(m, dict)]
+    second = [i for i, k in enumerate(kinds) if k == "session.update"][1]
+    assert "conversation.item.truncate" not in kinds[second:], kinds[second:]
+    assert fake.violations == []
+
+
 async def test_the_users_audio_reaches_the_model_and_its_buffer_is_bounded() -> None:
     tools = Tools()
     async with FakeRealtime([[vrt.say("heard you")]], api="openai") as fake:

@@ -233,6 +233,7 @@ class Upstream:
         self._live_calls.clear()
         self._completed.clear()
         self._held.clear()
+        self._voice = Voice(ITEMS_KEPT)  # its items were the lost model session's
         self._cancelled = RecentSet(IDS_KEPT)
         self._settling.send("settle")  # the next model session starts settled
         self._over = RecentSet(IDS_KEPT)  # a new connection's ids may repeat (Gemini's)
@@ -286,7 +287,6 @@ class Upstream:
         elif isinstance(event, CallsCancelled):
             for call_id in event.call_ids:
                 self._cancelled.add(call_id)
-            for call_id in event.call_ids:
                 self._completed.pop(call_id, None)
         elif isinstance(event, Settled):
             self._settling.send("settle")
@@ -333,7 +333,7 @@ class Upstream:
         ``response.created``): taken as its start when one is awaited."""
         if rid in self._over or self._active is not None:
             return False
-        if self.state not in ("requested", "unwanted", "idle"):
+        if not self.machine.can("started"):
             return False
         self._on_started(rid, protocol)
         # active now, responding or being cancelled (it was unwanted): its events go on to
