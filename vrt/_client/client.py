@@ -35,7 +35,15 @@ from vrt._client.reconnect import (
     close_code,
     too_large,
 )
-from vrt._core.events import Closed, ConfirmRequest, Event, Reconnecting, Resumed, ToolPreview
+from vrt._core.events import (
+    Closed,
+    ConfirmRequest,
+    Event,
+    Reconnecting,
+    Resumed,
+    ToolPreview,
+    pcm16,
+)
 from vrt._engine.groups import single_unwrapped
 from vrt._engine.subscription import Subscription
 from vrt._engine.tools import AppTool
@@ -180,8 +188,7 @@ class Client:
         audio=True)``, and an agent with a realtime model), :class:`~vrt.SessionClosed`
         once closed.
         """
-        if not isinstance(pcm, bytes | bytearray | memoryview):
-            raise TypeError(f"pcm must be bytes, not {type(pcm).__name__}")
+        data = pcm16(pcm)
         self._check_open()
         info = self.proto.audio
         if info is None:
@@ -189,9 +196,6 @@ class Client:
                 "audio-v1 was not negotiated: connect with audio=True to a server whose "
                 "agent has a realtime model"
             )
-        data = bytes(pcm)
-        if len(data) % 2:
-            raise ValueError(f"pcm must be PCM16 (an even number of bytes), not {len(data)}")
         if self.proto.connection.state != "open":
             self.audio_dropped += len(data)  # realtime: not kept for a resume
             return

@@ -194,6 +194,17 @@ class TextDelta:
     text: str
 
 
+def pcm16(pcm: object) -> bytes:
+    """The user's voice as given to a ``send_audio`` (the session's or the client's), as
+    bytes: TypeError for anything but bytes, ValueError for an odd length (not PCM16)."""
+    if not isinstance(pcm, bytes | bytearray | memoryview):
+        raise TypeError(f"pcm must be bytes, not {type(pcm).__name__}")
+    data = bytes(pcm)
+    if len(data) % 2:
+        raise ValueError(f"pcm must be PCM16 (an even number of bytes), not {len(data)}")
+    return data
+
+
 @attrs.frozen(kw_only=True)
 class AudioDelta:
     """A piece of the model's voice (a realtime model): PCM16 little-endian mono at

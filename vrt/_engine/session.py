@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from vrt._core.bounded import RecentSet
-from vrt._core.events import Closed, ConfirmRequest, Event, ToolPreview, TurnStarted
+from vrt._core.events import Closed, ConfirmRequest, Event, ToolPreview, TurnStarted, pcm16
 from vrt._core.results import CallRecord, TurnResult
 from vrt._core.tables import SESSION
 from vrt._engine.agent import Agent, RegisteredApp
@@ -287,11 +287,7 @@ class Session:
         PCM16), ``RuntimeError`` if the agent's model is not a realtime one, and
         :class:`~vrt.SessionClosed` once the session is closed.
         """
-        if not isinstance(pcm, bytes | bytearray | memoryview):
-            raise TypeError(f"pcm must be bytes, not {type(pcm).__name__}")
-        pcm = bytes(pcm)
-        if len(pcm) % 2:
-            raise ValueError(f"pcm must be PCM16 (an even number of bytes), not {len(pcm)}")
+        pcm = pcm16(pcm)
         if self.final:
             raise SessionClosed("the session is closed")
         if self.upstream is None:

@@ -349,10 +349,11 @@ class Spans:
     def end(self, turn_id: str) -> int | None:
         """The turn ended: the ``sentMs`` its ``audio.end`` carries, or None if it sent no
         ``audio.start`` (then it has no span on the wire)."""
+        sent_ms = self.sent_ms(turn_id)
         span = self._spans.pop(turn_id, None)
         if span is None or span.machine.send("end") != "ended":
             return None  # (unheard: it never spoke)
-        return span.sent * 1000 // (2 * self.rate)
+        return sent_ms
 
 
 # -- the client's gate ----------------------------------------------------------------------------

@@ -10,11 +10,8 @@ noticed each, on Trio's clock), and can answer an HTTP error or break a stream o
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -22,6 +19,7 @@ import h11
 import trio
 
 from vrt.models._scripted import Pause, Say, ScriptedCall, ScriptItem
+from vrt.testing._loopback import LoopbackServer
 
 APIS = ("openai-chat", "openai-responses", "anthropic")
 DIALECTS = ("openai", "vllm", "ollama", "llamacpp")
@@ -58,7 +56,7 @@ class _HungUp(Exception):
 Step = Sequence[ScriptItem | StreamFailure] | HTTPFailure
 
 
-class FakeProvider:
+class FakeProvider(LoopbackServer):
     """Replay ``steps`` as ``api`` does (Chat Completions in the ``dialect`` of OpenAI,
     vLLM, Ollama or llama.cpp), one step per request, then empty steps.
 
@@ -99,7 +97,7 @@ class FakeProvider:
         self.dialect = dialect
         self.delay = delay
         self.usage = usage
-        self.port = 0
+        super().__init__()
         self.requests: list[Any] = []
         """The JSON body of every request received, in order."""
         self.headers: list[dict[str, str]] = []
@@ -109,7 +107,6 @@ class FakeProvider:
         self.disconnected_at: list[float] = []
         self._served = 0
         self._calls = 0
-        self._cm: AbstractAsyncContextManager[FakeProvider] | None = None
 
     # -- markers -----------------------------------------------------------------------------------
 
@@ -140,30 +137,6 @@ class FakeProvider:
         """What the adapter's ``base_url`` takes (``/v1`` for the OpenAI APIs)."""
         root = f"http://127.0.0.1:{self.port}"
         return root if self.api == "anthropic" else f"{root}/v1"
-
-    async def __aenter__(self) -> FakeProvider:
-        self._cm = self._serving()
-        return await self._cm.__aenter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._cm is not None
-        return await self._cm.__aexit__(exc_type, exc, tb)
-
-    @asynccontextmanager
-    async def _serving(self) -> AsyncIterator[FakeProvider]:
-        async with trio.open_nursery() as nursery:
-            serve = functools.partial(trio.serve_tcp, self._connection, 0, host="127.0.0.1")
-            listeners = await nursery.start(serve)
-            self.port = listeners[0].socket.getsockname()[1]
-            try:
-                yield self
-            finally:
-                nursery.cancel_scope.cancel()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)

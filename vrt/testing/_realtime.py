@@ -13,12 +13,9 @@ common ground of ``_realtime_core``); this module only serves them over trio-web
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from types import TracebackType
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -34,6 +31,7 @@ from trio_websocket import (
 from vrt._net.accept import abort
 from vrt.models._scripted import ScriptItem
 from vrt.testing import _realtime_gemini, _realtime_openai
+from vrt.testing._loopback import LoopbackServer
 from vrt.testing._realtime_core import QUIRKS, Config, Script, ServerCore
 
 log = logging.getLogger("vrt.testing")
@@ -69,7 +67,7 @@ class _Connection:
         self.wake.set()
 
 
-class FakeRealtime:
+class FakeRealtime(LoopbackServer):
     """Play ``steps`` as a realtime model's server: ``api="openai"`` (the Realtime API,
     GA) or ``"gemini"`` (the Live API), one step per response, then ``say("ok")``.
 
@@ -157,7 +155,7 @@ class FakeRealtime:
             delay=delay,
         )
         self.script = Script(steps)
-        self.port = 0
+        super().__init__()
         self.received: list[Any] = []
         """Every message the clients sent, decoded (a frame that was not JSON: as it came),
         in order, across connections."""
@@ -170,7 +168,6 @@ class FakeRealtime:
         """Connections accepted (past the upgrade)."""
         self._servers: list[ServerCore] = []
         self._open: list[_Connection] = []
-        self._cm: AbstractAsyncContextManager[FakeRealtime] | None = None
 
     # -- what a test reads -------------------------------------------------------------------
 
@@ -240,37 +237,16 @@ class FakeRealtime:
 
     # -- serving -----------------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakeRealtime:
-        self._cm = self._serving()
-        return await self._cm.__aenter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._cm is not None
-        return await self._cm.__aexit__(exc_type, exc, tb)
-
-    @asynccontextmanager
-    async def _serving(self) -> AsyncIterator[FakeRealtime]:
-        async with trio.open_nursery() as nursery:
-            serve = functools.partial(trio.serve_tcp, self._connection, 0, host="127.0.0.1")
-            listeners = await nursery.start(serve)
-            self.port = listeners[0].socket.getsockname()[1]
-            try:
-                yield self
-            finally:
-                with trio.move_on_after(CLOSE_TIMEOUT) as closing:
-                    closing.shield = True
-                    for connection in list(self._open):
-                        if connection.server.closing is None:
-                            connection.server.closing = (1001, "the fake is shutting down")
-                        connection.poke()
-                    for connection in list(self._open):
-                        await connection.gone.wait()
-                nursery.cancel_scope.cancel()
+    async def _closing(self) -> None:
+        """Its open connections get a close (1001) and a moment to finish it."""
+        with trio.move_on_after(CLOSE_TIMEOUT) as closing:
+            closing.shield = True
+            for connection in list(self._open):
+                if connection.server.closing is None:
+                    connection.server.closing = (1001, "the fake is shutting down")
+                connection.poke()
+            for connection in list(self._open):
+                await connection.gone.wait()
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         connection: _Connection | None = None
