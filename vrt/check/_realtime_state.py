@@ -137,28 +137,28 @@ def describe(item: tuple[Any, ...]) -> str:
     return "the connection's loss (ModelError)"
 
 
+def _set(w: list[Any], slot: int, i: int, index: dict[str, int], fields: dict[str, Any]) -> None:
+    """Record ``i`` of the tuple at ``w[slot]`` with ``fields`` changed (``index``: each
+    field's position)."""
+    record = list(w[slot][i])
+    for key, value in fields.items():
+        record[index[key]] = value
+    w[slot] = put(w[slot], i, tuple(record))
+
+
 def set_turn(w: list[Any], t: int, **fields: Any) -> None:
     """Turn ``t`` with ``fields`` changed."""
-    record = list(w[S_TURNS][t])
-    for key, value in fields.items():
-        record[_T_INDEX[key]] = value
-    w[S_TURNS] = put(w[S_TURNS], t, tuple(record))
+    _set(w, S_TURNS, t, _T_INDEX, fields)
 
 
 def set_call(w: list[Any], c: int, **fields: Any) -> None:
     """Call ``c`` with ``fields`` changed."""
-    record = list(w[S_CALLS][c])
-    for key, value in fields.items():
-        record[_C_INDEX[key]] = value
-    w[S_CALLS] = put(w[S_CALLS], c, tuple(record))
+    _set(w, S_CALLS, c, _C_INDEX, fields)
 
 
 def set_response(w: list[Any], r: int, **fields: Any) -> None:
     """Response ``r`` (1-based) with ``fields`` changed."""
-    record = list(w[S_RESPONSES][r - 1])
-    for key, value in fields.items():
-        record[_R_INDEX[key]] = value
-    w[S_RESPONSES] = put(w[S_RESPONSES], r - 1, tuple(record))
+    _set(w, S_RESPONSES, r - 1, _R_INDEX, fields)
 
 
 def calls_of(w: list[Any] | State, t: int) -> list[int]:
